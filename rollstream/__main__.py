@@ -1,0 +1,5 @@
+import sys
+
+from rollstream.cli import main
+
+sys.exit(main())

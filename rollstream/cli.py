@@ -1,0 +1,204 @@
+"""The `rollstream` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rollstream.config import Config, ConfigError, check_run_id, load_config
+
+
+def _config(args: argparse.Namespace) -> Config:
+    return load_config(getattr(args, "config", None), getattr(args, "set", None) or [])
+
+
+def _broker(cfg: Config, args: argparse.Namespace) -> Any:
+    from rollstream.infra.kafka.broker import EmbeddedBroker, default_home
+
+    home = Path(getattr(args, "home", None) or cfg.broker.home or default_home())
+    port = getattr(args, "port", None) or cfg.broker.port
+    cport = getattr(args, "controller_port", None) or cfg.broker.controller_port
+    return EmbeddedBroker(home, port=port, controller_port=cport, heap=cfg.broker.heap)
+
+
+def _bootstrap(cfg: Config, args: argparse.Namespace, start: bool = False) -> str:
+    """--bootstrap, else kafka.bootstrap_servers, else the embedded broker (started if `start`)."""
+    explicit = getattr(args, "bootstrap", None) or cfg.kafka.bootstrap_servers
+    if explicit:
+        return str(explicit)
+    broker = _broker(cfg, args)
+    info = broker.status()
+    if info is None:
+        if not start:
+            raise SystemExit(
+                "no Kafka broker: run `rollstream broker up`, or set kafka.bootstrap_servers / --bootstrap"
+            )
+        print(f"starting the embedded Kafka broker in {broker.home} ...", flush=True)
+        info = broker.up()
+        print(f"broker up at {info.bootstrap} in {info.started_in_s:.1f}s (pid {info.pid})", flush=True)
+    return str(info.bootstrap)
+
+
+# -- broker -------------------------------------------------------------------------------------------
+def cmd_broker(args: argparse.Namespace) -> int:
+    cfg = _config(args)
+    broker = _broker(cfg, args)
+    if args.action == "up":
+        info = broker.up()
+        state = "already running" if info.already_running else f"started in {info.started_in_s:.1f}s"
+        print(f"broker {state}: {info.bootstrap} pid {info.pid} home {info.home}")
+    elif args.action == "down":
+        print("broker stopped" if broker.down() else "broker was not running")
+    elif args.action == "status":
+        info = broker.status()
+        if info is None:
+            print("broker not running")
+            return 1
+        print(f"broker running: {info.bootstrap} pid {info.pid} home {info.home}")
+    elif args.action == "logs":
+        print(broker.logs(args.lines))
+    return 0
+
+
+# -- topics -------------------------------------------------------------------------------------------
+def cmd_topics(args: argparse.Namespace) -> int:
+    from rollstream.clients import base_conf
+    from rollstream.topics.admin import TopicAdmin
+    from rollstream.topics.specs import run_topic_specs
+
+    cfg = _config(args)
+    run_id = check_run_id(args.run)
+    admin = TopicAdmin(base_conf(cfg, _bootstrap(cfg, args)))
+    specs = run_topic_specs(run_id, cfg)
+    if args.action == "delete":
+        deleted = admin.delete([s.name for s in specs])
+        print(json.dumps(deleted) if args.json else f"deleted {len(deleted)} topics of run {run_id}")
+        return 0
+    states = admin.apply(specs) if args.action == "apply" else admin.describe(specs)
+    if args.json:
+        print(json.dumps([s.as_dict() for s in states], indent=2))
+    else:
+        for s in states:
+            detail = f"{s.partitions} partitions" if s.exists else ""
+            print(f"{s.action:10} {s.name:60} {detail}")
+            for d in s.drift:
+                print(f"{'':10}   drift: {d}")
+    drift = [s for s in states if s.drift]
+    if drift and args.action == "apply":
+        print(f"{len(drift)} topic(s) differ from their spec; left as they are", file=sys.stderr)
+        return 3
+    return 0
+
+
+# -- worker / run -------------------------------------------------------------------------------------
+def cmd_worker(args: argparse.Namespace) -> int:
+    from rollstream.workers.runtime import run_worker
+
+    cfg = _config(args)
+    run_id = check_run_id(args.run)
+    options: dict[str, Any] = {}
+    if args.trajectories is not None:
+        options["trajectories"] = args.trajectories
+    if args.steps is not None:
+        options["steps"] = args.steps
+    stats = run_worker(
+        args.role, cfg, _bootstrap(cfg, args), run_id, args.pool, metrics_port=args.metrics_port, **options
+    )
+    logging.getLogger(__name__).info("worker %s stopped: %s", args.role, stats)
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from rollstream.runner import parse_counts, run_local
+
+    cfg = _config(args)
+    run_id = check_run_id(args.run or f"run-{time.strftime('%Y%m%d-%H%M%S')}")
+    if args.trajectories is None and args.steps is None:
+        args.trajectories = 300
+    bootstrap = _bootstrap(cfg, args, start=True)
+    run_dir = Path(args.run_dir or Path.cwd() / "runs") / run_id
+    run_local(
+        cfg,
+        bootstrap,
+        run_id,
+        run_dir,
+        gen=parse_counts(args.gen, "gen"),
+        env=parse_counts(args.env, "env"),
+        reward=args.reward,
+        trajectories=args.trajectories,
+        steps=args.steps,
+    )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rollstream", description=__doc__)
+    p.add_argument("-v", "--verbose", action="store_true")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def common(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--config", help="TOML (or JSON) config file")
+        sp.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override a config key")
+        sp.add_argument("--bootstrap", help="Kafka bootstrap servers (default: the embedded broker)")
+
+    b = sub.add_parser("broker", help="the embedded single-node KRaft Kafka broker")
+    b.add_argument("action", choices=["up", "down", "status", "logs"])
+    b.add_argument("--home", help="data/log folder (default ~/.cache/rollstream/broker)")
+    b.add_argument("--port", type=int)
+    b.add_argument("--controller-port", type=int)
+    b.add_argument("--lines", type=int, default=100)
+    common(b)
+    b.set_defaults(func=cmd_broker)
+
+    t = sub.add_parser("topics", help="a run's topics")
+    t.add_argument("action", choices=["apply", "describe", "delete"])
+    t.add_argument("--run", required=True)
+    t.add_argument("--json", action="store_true")
+    common(t)
+    t.set_defaults(func=cmd_topics)
+
+    w = sub.add_parser("worker", help="one worker of a role, against any cluster")
+    w.add_argument("role", choices=["env", "gen", "reward", "scheduler", "trainer"])
+    w.add_argument("--run", required=True)
+    w.add_argument("--pool", help="hardware pool (gen: h800, h20, ...; env: cpu)")
+    w.add_argument("--trajectories", type=int, help="scheduler: launch this many, exit when all ended")
+    w.add_argument("--steps", type=int, help="trainer: stop after this version")
+    w.add_argument("--metrics-port", type=int, help="serve Prometheus metrics (0 = any free port)")
+    common(w)
+    w.set_defaults(func=cmd_worker)
+
+    r = sub.add_parser("run", help="run every role on this machine, with progress")
+    r.add_argument("--run", help="run name (default run-<timestamp>)")
+    r.add_argument("--gen", default="h800=1,h20=1", help="generation workers per pool")
+    r.add_argument("--env", default="cpu=1", help="environment workers per pool")
+    r.add_argument("--reward", type=int, default=1)
+    r.add_argument("--trajectories", type=int, help="rollout only: stop after N trajectories (default 300)")
+    r.add_argument("--steps", type=int, help="train: stop after version K")
+    r.add_argument("--run-dir", help="where worker logs and the run's config go (default ./runs)")
+    common(r)
+    r.set_defaults(func=cmd_run)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,237 @@
+"""`rollstream run`: every role of one run as local processes, with live progress.
+
+The broker comes from config (`kafka.bootstrap_servers`) or is the embedded one, started if needed.
+Each worker is a separate `python -m rollstream worker ...` process, exactly what a user starts by
+hand on another machine, so scaling a pool mid-run is just starting one more of them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+from rollstream.clients import base_conf, make_consumer
+from rollstream.config import Config
+from rollstream.schemas.codec import DecodeError, make_codec
+from rollstream.schemas.events import Observation, ScoredTrajectory, WeightVersion
+from rollstream.topics.admin import TopicAdmin
+from rollstream.topics.specs import RunTopics, run_topic_specs
+
+
+def parse_counts(text: str, what: str) -> dict[str, int]:
+    """``h800=1,h20=2`` -> {"h800": 1, "h20": 2}; a bare number means pool "default"."""
+    counts: dict[str, int] = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        pool, sep, n = item.rpartition("=")
+        try:
+            counts[pool if sep else "default"] = int(n)
+        except ValueError:
+            raise ValueError(f"--{what}: expected pool=count[,pool=count], got {text!r}") from None
+    return counts
+
+
+@dataclass
+class Progress:
+    """What the run's topics say so far (read by assignment, committing nothing)."""
+
+    terminal: Counter[str] = field(default_factory=Counter)
+    reasons: Counter[str] = field(default_factory=Counter)
+    rewards: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    scored: int = 0
+    turns: int = 0
+    version: int = -1
+    version_rewards: dict[int, list[float]] = field(default_factory=lambda: defaultdict(list))
+    version_metrics: dict[int, dict[str, float]] = field(default_factory=dict)
+
+    def line(self, run_id: str, elapsed: float, target: str) -> str:
+        ended = sum(self.terminal.values())
+        reward = " ".join(
+            f"{d}={sum(v[-200:]) / len(v[-200:]):.2f}" for d, v in sorted(self.rewards.items()) if v
+        )
+        states = " ".join(f"{k}={v}" for k, v in sorted(self.terminal.items()))
+        return (
+            f"[{elapsed:6.1f}s] run {run_id} | ended {ended}{target} ({states}) | turns {self.turns} "
+            f"({self.turns / max(elapsed, 1e-9):.0f}/s) | reward {reward or '-'} | version {self.version}"
+        )
+
+
+class ProgressTap:
+    def __init__(self, cfg: Config, bootstrap: str, topics: RunTopics) -> None:
+        self.codec = make_codec(cfg.kafka.schema_registry_url or None)
+        self.consumer = make_consumer(cfg, bootstrap, f"{topics.prefix}.{topics.run_id}.progress-tap", "tap")
+        admin = TopicAdmin(base_conf(cfg, bootstrap))
+        parts = []
+        for topic in (topics.observations, topics.scored, topics.weight_versions):
+            parts += [TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(admin.partitions_of(topic))]
+        self.consumer.assign(parts)
+        self.topics = topics
+        self.progress = Progress()
+
+    def poll(self, budget_s: float = 0.5) -> Progress:
+        deadline = time.monotonic() + budget_s
+        while time.monotonic() < deadline:
+            msgs = self.consumer.consume(1000, 0.05)
+            if not msgs:
+                break
+            for msg in msgs:
+                if msg.error():
+                    continue
+                try:
+                    event = self.codec.decode(msg.value())
+                except DecodeError:
+                    continue
+                self._count(event)
+        return self.progress
+
+    def _count(self, event: object) -> None:
+        p = self.progress
+        if isinstance(event, Observation):
+            p.turns += max(1, len(event.turns)) if event.terminal_state else 0
+            if event.terminal_state:
+                p.terminal[event.terminal_state] += 1
+                if event.terminal_state != "completed":
+                    p.reasons[event.reason.split(":")[0]] += 1
+        elif isinstance(event, ScoredTrajectory):
+            if event.terminal_state == "completed":
+                p.scored += 1
+                p.rewards[event.domain].append(event.reward)
+                p.version_rewards[event.last_version].append(event.reward)
+        elif isinstance(event, WeightVersion):
+            p.version = max(p.version, event.version)
+            p.version_metrics[event.version] = dict(event.metrics)
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+class LocalCluster:
+    """Starts, watches and stops the worker processes of one run on this machine."""
+
+    def __init__(self, cfg: Config, bootstrap: str, run_id: str, run_dir: Path) -> None:
+        self.cfg = cfg
+        self.bootstrap = bootstrap
+        self.run_id = run_id
+        self.run_dir = run_dir
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.config_file = run_dir / "config.json"
+        self.config_file.write_text(json.dumps(cfg.to_dict(), indent=2))
+        self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+        self._logs: list[TextIO] = []
+
+    def start(self, role: str, pool: str | None = None, *extra: str) -> subprocess.Popen[bytes]:
+        name = f"{role}-{pool}-{len(self.procs)}" if pool else f"{role}-{len(self.procs)}"
+        cmd = [
+            sys.executable,
+            "-m",
+            "rollstream",
+            "worker",
+            role,
+            "--run",
+            self.run_id,
+            "--config",
+            str(self.config_file),
+            "--bootstrap",
+            self.bootstrap,
+            *extra,
+        ]
+        if pool:
+            cmd += ["--pool", pool]
+        log_file = open(self.run_dir / f"{name}.log", "w")  # noqa: SIM115 - closed in stop()
+        self._logs.append(log_file)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env)
+        self.procs.append((name, proc))
+        return proc
+
+    def failed(self) -> list[str]:
+        return [f"{name} exited with {p.returncode}" for name, p in self.procs if p.poll() not in (None, 0)]
+
+    def stop(self, timeout: float = 30) -> None:
+        for _, p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for _, p in self.procs:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        for f in self._logs:
+            f.close()
+
+
+def ensure_topics(cfg: Config, bootstrap: str, run_id: str) -> None:
+    TopicAdmin(base_conf(cfg, bootstrap)).apply(run_topic_specs(run_id, cfg))
+
+
+def run_local(
+    cfg: Config,
+    bootstrap: str,
+    run_id: str,
+    run_dir: Path,
+    *,
+    gen: dict[str, int],
+    env: dict[str, int],
+    reward: int,
+    trajectories: int | None,
+    steps: int | None,
+    out: TextIO = sys.stdout,
+    progress_interval_s: float = 2.0,
+) -> Progress:
+    ensure_topics(cfg, bootstrap, run_id)
+    topics = RunTopics(run_id, cfg.kafka.topic_prefix)
+    cluster = LocalCluster(cfg, bootstrap, run_id, run_dir)
+    tap = ProgressTap(cfg, bootstrap, topics)
+    start = time.monotonic()
+    print(f"run {run_id}: broker {bootstrap}, topics {topics.prefix}.{run_id}.*, logs in {run_dir}", file=out)
+    try:
+        for pool, n in env.items():
+            for _ in range(n):
+                cluster.start("env", "cpu" if pool == "default" else pool)
+        for pool, n in gen.items():
+            for _ in range(n):
+                cluster.start("gen", pool)
+        for _ in range(reward):
+            cluster.start("reward")
+        if steps is not None:
+            cluster.start("trainer", None, "--steps", str(steps))
+        sched_args = ["--trajectories", str(trajectories)] if trajectories is not None else []
+        scheduler = cluster.start("scheduler", None, *sched_args)
+        target = f"/{trajectories}" if trajectories is not None else ""
+        last = 0.0
+        while True:
+            progress = tap.poll()
+            now = time.monotonic()
+            if now - last >= progress_interval_s:
+                print(progress.line(run_id, now - start, target), file=out, flush=True)
+                last = now
+            if cluster.failed():
+                raise RuntimeError(f"worker failed: {cluster.failed()} (logs in {run_dir})")
+            if steps is not None and progress.version >= steps:
+                break
+            if steps is None and scheduler.poll() == 0:
+                tap.poll(2.0)
+                break
+    finally:
+        cluster.stop()
+        progress = tap.poll(1.0)
+        tap.close()
+    print(progress.line(run_id, time.monotonic() - start, target), file=out, flush=True)
+    if progress.reasons:
+        print(
+            "ended without completing: " + ", ".join(f"{k}={v}" for k, v in progress.reasons.most_common()),
+            file=out,
+        )
+    print(f"run {run_id} finished", file=out, flush=True)
+    return progress
