@@ -48,7 +48,11 @@ def _bootstrap(cfg: Config, args: argparse.Namespace, start: bool = False) -> st
 def cmd_broker(args: argparse.Namespace) -> int:
     cfg = _config(args)
     broker = _broker(cfg, args)
-    if args.action == "up":
+    if args.action == "fetch":
+        from rollstream.infra.kafka.broker import resolve_jars
+
+        print(f"broker jars in {resolve_jars()}")
+    elif args.action == "up":
         info = broker.up()
         state = "already running" if info.already_running else f"started in {info.started_in_s:.1f}s"
         print(f"broker {state}: {info.bootstrap} pid {info.pid} home {info.home}")
@@ -136,6 +140,29 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    from rollstream.evaluate import evaluate, load_version
+
+    cfg = _config(args)
+    model = load_version(cfg, _bootstrap(cfg, args), check_run_id(args.run), args.version)
+    success, mean_return = evaluate(model, cfg, args.domain, args.episodes, greedy=not args.sample)
+    result = {
+        "run": args.run,
+        "version": args.version,
+        "domain": args.domain,
+        "episodes": args.episodes,
+        "success": success,
+        "mean_return": mean_return,
+    }
+    print(
+        json.dumps(result)
+        if args.json
+        else f"run {args.run} version {args.version}: held-out {args.domain} success {success:.3f} "
+        f"(mean return {mean_return:.3f}, {args.episodes} episodes)"
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rollstream", description=__doc__)
     p.add_argument("-v", "--verbose", action="store_true")
@@ -147,7 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--bootstrap", help="Kafka bootstrap servers (default: the embedded broker)")
 
     b = sub.add_parser("broker", help="the embedded single-node KRaft Kafka broker")
-    b.add_argument("action", choices=["up", "down", "status", "logs"])
+    b.add_argument("action", choices=["fetch", "up", "down", "status", "logs"])
     b.add_argument("--home", help="data/log folder (default ~/.cache/rollstream/broker)")
     b.add_argument("--port", type=int)
     b.add_argument("--controller-port", type=int)
@@ -182,6 +209,16 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--run-dir", help="where worker logs and the run's config go (default ./runs)")
     common(r)
     r.set_defaults(func=cmd_run)
+
+    e = sub.add_parser("eval", help="held-out success of a policy version")
+    e.add_argument("--run", required=True)
+    e.add_argument("--version", type=int, required=True)
+    e.add_argument("--domain", default="frozenlake")
+    e.add_argument("--episodes", type=int, default=200)
+    e.add_argument("--sample", action="store_true", help="sample instead of greedy actions")
+    e.add_argument("--json", action="store_true")
+    common(e)
+    e.set_defaults(func=cmd_eval)
     return p
 
 

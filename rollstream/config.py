@@ -231,6 +231,17 @@ def _validate(cfg: Config) -> None:
     for pool in cfg.rollout.domain_pools.values():
         if not RUN_ID_PATTERN.match(pool):
             raise ConfigError(f"rollout.domain_pools: bad pool name {pool!r} (letters, digits, _ and -)")
+    from rollstream.workers.envs.latency import StepLatency
+
+    try:
+        StepLatency.parse(cfg.env.latency)
+    except ValueError as exc:
+        raise ConfigError(f"env.latency: {exc}") from exc
+    from rollstream.topics.specs import family_specs
+
+    for family in cfg.topics.partitions:
+        if family not in family_specs():
+            raise ConfigError(f"topics.partitions: unknown topic family {family!r}")
     if cfg.trainer.min_group_size > cfg.rollout.group_size:
         raise ConfigError("trainer.min_group_size: must be <= rollout.group_size")
 

@@ -11,8 +11,11 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
+from datetime import UTC, datetime, timedelta
 from enum import Enum, StrEnum
+from operator import attrgetter
 from typing import Any, ClassVar
 
 import numpy as np
@@ -76,41 +79,84 @@ class Event:
     created_at_ms: int = field(default_factory=now_ms)
 
     def to_record(self) -> dict[str, Any]:
-        record = {f.name: getattr(self, f.name) for f in fields(self)}
+        names, getter = _accessors(type(self))
+        record = dict(zip(names, getter(self), strict=True))
         for name in self._nested:
             record[name] = [_to_plain(item) for item in record[name]]
-        if isinstance(record.get("kind"), Enum):
-            record["kind"] = record["kind"].value
+        kind = record.get("kind")
+        if isinstance(kind, Enum):
+            record["kind"] = kind.value
         return record
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> Event:
         names = cls._field_names()
-        values = {k: v for k, v in record.items() if k in names}
+        # fastavro hands a fresh dict per record; with the writer's schema == the reader's (the hot path)
+        # its keys are exactly our fields, so it is used as is.
+        values = record if record.keys() <= names else {k: v for k, v in record.items() if k in names}
         for name, kind in cls._nested.items():
             if name in values:
-                values[name] = [kind(**_known(kind, item)) for item in values[name]]
+                values[name] = [_from_plain(kind, item) for item in values[name]]
         created = values.get("created_at_ms")
         if created is not None and not isinstance(created, int):
-            # fastavro returns timestamp-millis as datetime.
-            values["created_at_ms"] = int(created.timestamp() * 1000)
+            values["created_at_ms"] = _datetime_to_ms(created)
         return cls(**values)
 
     @classmethod
     def _field_names(cls) -> frozenset[str]:
-        cached = cls.__dict__.get("_names_cache")
-        if cached is None:
-            cached = frozenset(f.name for f in fields(cls))
-            type.__setattr__(cls, "_names_cache", cached)
-        return cached
+        return _accessors_set(cls)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_ONE_MS = timedelta(milliseconds=1)
+
+
+def _datetime_to_ms(value: datetime) -> int:
+    """Exact ms since the epoch (a timestamp-millis read as datetime); float `timestamp()` loses 1 ms."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return (value - _EPOCH) // _ONE_MS
+
+
+_ACCESSORS: dict[type, tuple[tuple[str, ...], Callable[[Any], tuple[Any, ...]], frozenset[str]]] = {}
+
+
+def _accessor_entry(kind: type) -> tuple[tuple[str, ...], Callable[[Any], tuple[Any, ...]], frozenset[str]]:
+    entry = _ACCESSORS.get(kind)
+    if entry is None:
+        names = tuple(f.name for f in fields(kind))
+        getter = attrgetter(*names)
+        if len(names) == 1:  # attrgetter of one name returns the value, not a 1-tuple
+
+            def getter(obj: Any, _one: Callable[[Any], Any] = getter) -> tuple[Any, ...]:
+                return (_one(obj),)
+
+        entry = (names, getter, frozenset(names))
+        _ACCESSORS[kind] = entry
+    return entry
+
+
+def _accessors(kind: type) -> tuple[tuple[str, ...], Callable[[Any], tuple[Any, ...]]]:
+    names, getter, _ = _accessor_entry(kind)
+    return names, getter
+
+
+def _accessors_set(kind: type) -> frozenset[str]:
+    return _accessor_entry(kind)[2]
 
 
 def _to_plain(item: Any) -> dict[str, Any]:
-    return {f.name: getattr(item, f.name) for f in fields(item)}
+    names, getter = _accessors(type(item))
+    return dict(zip(names, getter(item), strict=True))
+
+
+def _from_plain(kind: type, item: dict[str, Any]) -> Any:
+    names = _accessors_set(kind)
+    return kind(**(item if item.keys() <= names else {k: v for k, v in item.items() if k in names}))
 
 
 def _known(kind: type, item: dict[str, Any]) -> dict[str, Any]:
-    names = {f.name for f in fields(kind)}
+    names = _accessors_set(kind)
     return {k: v for k, v in item.items() if k in names}
 
 
@@ -233,6 +279,7 @@ class WeightVersion(Event):
         "buckets": WeightBucket,
         "samples": SampleRef,
         "dropped": SampleRef,
+        "trainer_state": WeightBucket,
     }
 
     version: int
@@ -246,6 +293,7 @@ class WeightVersion(Event):
     seed: int = 0
     timings: dict[str, float] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
+    trainer_state: list[WeightBucket] = field(default_factory=list)
 
 
 @dataclass(slots=True, kw_only=True)

@@ -15,6 +15,7 @@ import json
 import logging
 import queue
 import time
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +31,7 @@ from rollstream.schemas.events import (
     Turn,
 )
 from rollstream.workers.envs import TextEnv, make_env
-from rollstream.workers.envs.latency import StepLatency, with_latency
+from rollstream.workers.envs.latency import LatencyEnv, StepLatency
 from rollstream.workers.loop import Handler, MessageRef, WorkerContext
 from rollstream.workers.metrics import METRICS
 from rollstream.workers.routing import PoolRouter
@@ -124,7 +125,9 @@ class EnvWorker(Handler):
         try:
             env = make_env(event.domain, **self.cfg.rollout.env_options.get(event.domain, {}))
             if self._latency_spec != "none":
-                env = with_latency(env, StepLatency.parse(self._latency_spec, seed=event.task_seed))
+                # Seeded per trajectory: members of one group must not share a delay sequence.
+                seed = zlib.crc32(event.trajectory_id.encode())
+                env = LatencyEnv(env, StepLatency(self._latency_spec, seed=seed))
         except Exception as exc:
             self._emit_orphan(event, ctx, TerminalState.FAILED, f"env-create: {type(exc).__name__}: {exc}")
             return True

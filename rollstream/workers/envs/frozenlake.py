@@ -50,6 +50,7 @@ class FrozenLakeTextEnv:
         is_slippery: bool = False,
         max_turns: int = 8,
         invalid_penalty: float = 0.0,
+        progress_bonus: float = 0.0,
     ) -> None:
         if size < 2 or max_turns < 1:
             raise ValueError(f"frozenlake: bad size={size} or max_turns={max_turns}")
@@ -58,6 +59,9 @@ class FrozenLakeTextEnv:
         self.is_slippery = is_slippery
         self.max_turns = max_turns
         self.invalid_penalty = float(invalid_penalty)
+        # Shaping for learning from scratch: at the end of an unsuccessful episode, up to
+        # `progress_bonus` for how close (Manhattan) the agent got to the goal. 0 = sparse reward.
+        self.progress_bonus = float(progress_bonus)
         self._env: Any = None
         self._desc: list[str] = []
         self._pos = 0
@@ -102,9 +106,13 @@ class FrozenLakeTextEnv:
             info["invalid"] = False
             info["move"] = "LDRU"[move]
         truncated = not terminated and self._turn >= self.max_turns
-        self._return += reward
         self._done = terminated or truncated
         cell = self._desc[self._pos // self.size][self._pos % self.size]
+        if self._done and cell not in "GH" and self.progress_bonus:
+            row, col = divmod(self._pos, self.size)
+            distance = (self.size - 1 - row) + (self.size - 1 - col)  # G is the bottom-right corner
+            reward += self.progress_bonus * (1 - distance / (2 * (self.size - 1)))
+        self._return += reward
         info["cell"] = cell
         if self._done:
             info["success"] = cell == "G"

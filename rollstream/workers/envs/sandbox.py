@@ -22,6 +22,7 @@ guard for RL, not a hardened multi-tenant boundary (use gVisor/firecracker for t
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import json
 import os
@@ -78,7 +79,7 @@ def _main():
     setlim(resource.RLIMIT_CORE, 0)
     setlim(resource.RLIMIT_NOFILE, 64)
     setlim(resource.RLIMIT_NPROC, lim["nproc"])
-    for _m in cfg["preload"]:
+    for _m in ["_posixsubprocess", *cfg["preload"]]:
         try:
             __import__(_m)
         except Exception:
@@ -127,6 +128,13 @@ def _main():
                     if isinst(a, (str, bytes)) and not inside(a):
                         raise PE("sandbox: " + event + " outside the sandbox dir is not allowed")
         sys.addaudithook(hook)
+        # subprocess forks through _posixsubprocess.fork_exec, which raises no audit event of its own.
+        import _posixsubprocess
+        def no_fork_exec(*a, **k):
+            raise PE("sandbox: process creation is not allowed")
+        _posixsubprocess.fork_exec = no_fork_exec
+        if "subprocess" in sys.modules:
+            sys.modules["subprocess"]._fork_exec = no_fork_exec
     g = {"__name__": "__main__", "__builtins__": builtins}
     try:
         exec(compile(cfg["code"], "<solution>", "exec"), g)
@@ -180,7 +188,6 @@ _PRELOAD = (
     "unicodedata",
     "socket",
     "subprocess",
-    "ctypes",
 )
 
 _probe_lock = threading.Lock()
@@ -223,10 +230,8 @@ def _drain(stream: object, buf: bytearray) -> None:
 
 
 def _killpg(pid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def run_python(

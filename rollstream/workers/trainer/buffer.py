@@ -143,6 +143,18 @@ class SampleBuffer:
             self._closed.add(gid)
         return out
 
+    def num_ready(self, current_version: int) -> int:
+        """How many groups `ready_groups` would return now (without taking them)."""
+        self._apply_staleness(current_version)
+        now = self._clock()
+        timeout = self.group_timeout_s
+        return sum(
+            1
+            for grp in self._groups.values()
+            if len(grp.members) >= self.group_size
+            or (timeout is not None and now - grp.created_at >= timeout and len(grp.members) >= self.min_group_size)
+        )
+
     def __len__(self) -> int:
         return sum(len(g.members) for g in self._groups.values())
 

@@ -171,32 +171,32 @@ def train_step(
     dev = next(model.parameters()).device
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    tot = {"loss": 0.0, "pg": 0.0, "kl": 0.0, "clip": 0.0, "ratio": 0.0, "nonzero_adv": 0.0}
+    tot = {"loss": 0.0, "pg": 0.0, "kl": 0.0, "clip": 0.0, "ratio": 0.0}
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)  # any stochastic layer (dropout) sees the same stream every run
         for start in range(0, len(rows), cfg.micro_batch_size):
             mb = rows[start : start + cfg.micro_batch_size]
             prompts, resps = [r[0] for r in mb], [r[1] for r in mb]
-            new = torch.cat(sequence_logprobs(model, prompts, resps, temperature=cfg.temperature))
-            blp = torch.cat([r[2] for r in mb]).to(dev)
-            adv = torch.cat([torch.full((len(r[1]),), r[3]) for r in mb]).to(dev)
-            w = torch.cat([torch.full((len(r[1]),), r[4]) for r in mb]).to(dev)
-            ratio = torch.exp(new - blp)
+            new_lp = torch.cat(sequence_logprobs(model, prompts, resps, temperature=cfg.temperature))
+            old_lp = torch.cat([r[2] for r in mb]).to(dev)
+            adv_t = torch.cat([torch.full((len(r[1]),), r[3]) for r in mb]).to(dev)
+            w_t = torch.cat([torch.full((len(r[1]),), r[4]) for r in mb]).to(dev)
+            ratio = torch.exp(new_lp - old_lp)
             clipped = ratio.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps)
-            pg = -torch.minimum(ratio * adv, clipped * adv)
+            pg = -torch.minimum(ratio * adv_t, clipped * adv_t)
             per_tok = pg
             kl = torch.zeros_like(pg)
             if ref_model is not None and cfg.kl_coef > 0:
                 with torch.no_grad():
                     ref = torch.cat(sequence_logprobs(ref_model, prompts, resps, temperature=cfg.temperature))
-                d = ref - new
+                d = ref - new_lp
                 kl = torch.exp(d) - d - 1
                 per_tok = pg + cfg.kl_coef * kl
             # Divide by the global token count so micro-batching leaves the gradient unchanged.
-            loss = (w * per_tok).sum() / n_tok
+            loss = (w_t * per_tok).sum() / n_tok
             loss.backward()
             tot["loss"] += float(loss.detach())
-            tot["pg"] += float((w * pg).sum().detach()) / n_tok
+            tot["pg"] += float((w_t * pg).sum().detach()) / n_tok
             tot["kl"] += float(kl.sum().detach()) / n_tok
             tot["clip"] += float(((ratio - clipped).abs() > 0).float().sum()) / n_tok
             tot["ratio"] += float(ratio.detach().sum()) / n_tok

@@ -172,7 +172,7 @@ class MooncakeWeightStore(_BucketedStore):
         # this at import/setup time, so it must be set before the import below.
         os.environ.setdefault("MC_TCP_BIND_ADDRESS", "127.0.0.1")
         try:
-            from mooncake.store import MooncakeDistributedStore  # type: ignore[import-not-found]
+            from mooncake.store import MooncakeDistributedStore
         except ImportError as e:
             raise WeightStoreError(
                 "Mooncake weight store requested but the 'mooncake' package is not installed; "

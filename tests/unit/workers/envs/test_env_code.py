@@ -13,7 +13,7 @@ SOLUTIONS = {
 def test_tasks_are_seeded_and_varied() -> None:
     assert make_task(3) == make_task(3)
     assert len({make_task(s)[0] for s in range(60)}) == len(FAMILIES)
-    family, prompt, tests = make_task(4)
+    _, prompt, tests = make_task(4)
     assert prompt.startswith("Write a Python function") and tests.count("assert f(") == 4
 
 

@@ -19,7 +19,7 @@ def test_question_and_ground_truth_are_seeded() -> None:
 def test_correct_answer_terminates_with_reward_one() -> None:
     env = MathEnv()
     _, info = env.reset(seed=5)
-    obs, r, term, trunc, step_info = env.step(f"The answer is {info['ground_truth']}")
+    _, r, term, trunc, step_info = env.step(f"The answer is {info['ground_truth']}")
     assert (r, term, trunc) == (1.0, True, False)
     assert step_info["ground_truth"] == info["ground_truth"] and step_info["correct"]
     with pytest.raises(EpisodeOverError):

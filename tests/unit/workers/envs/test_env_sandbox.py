@@ -113,7 +113,7 @@ def test_network_is_refused(layer: str) -> None:
     kw = {"default": {}, "audit_hook_only": {"isolate_net": False}, "namespace_only": {"guard": False}}[layer]
     with socket.create_server(("127.0.0.1", 0)) as server:
         server.settimeout(0.3)
-        r = run_python(_connect_code(server.getsockname()[1]), TESTS, **kw)  # type: ignore[arg-type]
+        r = run_python(_connect_code(server.getsockname()[1]), TESTS, **kw)
         with pytest.raises(TimeoutError):
             server.accept()
     assert r.passed == 0 and "solution failed" in r.stderr
@@ -160,3 +160,19 @@ def test_concurrent_runs_from_threads() -> None:
     with ThreadPoolExecutor(8) as pool:
         results = list(pool.map(lambda c: run_python(c, TESTS), codes))
     assert [r.passed for r in results] == [3, 2] * 4
+
+
+def test_low_level_process_creation_is_refused() -> None:
+    code = (
+        "import subprocess, _posixsubprocess\n"
+        "for fe in (subprocess._fork_exec, _posixsubprocess.fork_exec):\n"
+        "    try:\n"
+        "        fe()\n"
+        "    except PermissionError:\n"
+        "        pass\n"
+        "    else:\n"
+        "        raise AssertionError\n"
+        "def f(x): return 2*x\n"
+    )
+    assert run_python(code, TESTS).passed == 3
+    assert run_python("import ctypes\ndef f(x): return 2*x", TESTS).passed == 0

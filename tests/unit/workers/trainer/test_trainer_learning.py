@@ -57,4 +57,4 @@ def test_grpo_learns_single_token_task() -> None:
     elapsed = time.monotonic() - t0
     print(f"greedy accuracy {start_acc:.1f} -> {acc:.1f} after {version} steps, {elapsed:.1f}s")
     assert acc >= 0.8
-    assert elapsed < 120
+    assert elapsed < 300  # ~3 s on an idle 2-core box; generous for loaded CI machines
