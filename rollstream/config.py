@@ -219,7 +219,7 @@ def _validate(cfg: Config) -> None:
         if flat[key] not in choices:
             raise ConfigError(f"{key}: must be one of {', '.join(choices)}; got {flat[key]!r}")
     for key, minimum in _MINIMUM.items():
-        if flat[key] < minimum:
+        if not flat[key] >= minimum:  # also rejects NaN
             raise ConfigError(f"{key}: must be >= {minimum}; got {flat[key]!r}")
     from rollstream.workers.envs import DOMAINS
 

@@ -233,5 +233,31 @@ def run_local(
             "ended without completing: " + ", ".join(f"{k}={v}" for k, v in progress.reasons.most_common()),
             file=out,
         )
+    if progress.version_metrics:
+        plot = plot_reward_curve(progress, run_dir / "reward_vs_version.png", run_id)
+        print(f"reward curve: {plot}", file=out)
     print(f"run {run_id} finished", file=out, flush=True)
     return progress
+
+
+def plot_reward_curve(progress: Progress, path: Path, run_id: str) -> Path:
+    """Mean training reward of each version's batch against the version (from weight-versions)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    versions = sorted(v for v, m in progress.version_metrics.items() if "reward_mean" in m)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(
+        versions, [progress.version_metrics[v]["reward_mean"] for v in versions], lw=1, label="batch reward"
+    )
+    ax.set_xlabel("policy version")
+    ax.set_ylabel("mean reward")
+    ax.set_title(f"run {run_id}")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

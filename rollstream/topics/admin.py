@@ -92,7 +92,7 @@ class TopicAdmin:
         created = {s.name for s in missing}
         result = self.describe(specs)
         for state in result:
-            if state.name in created:
+            if state.name in created and not state.drift:  # a racing creator made it: drift wins
                 state.action = "created"
         return result
 

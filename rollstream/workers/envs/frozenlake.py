@@ -51,6 +51,7 @@ class FrozenLakeTextEnv:
         max_turns: int = 8,
         invalid_penalty: float = 0.0,
         progress_bonus: float = 0.0,
+        local_view: bool = False,
     ) -> None:
         if size < 2 or max_turns < 1:
             raise ValueError(f"frozenlake: bad size={size} or max_turns={max_turns}")
@@ -62,6 +63,9 @@ class FrozenLakeTextEnv:
         # Shaping for learning from scratch: at the end of an unsuccessful episode, up to
         # `progress_bonus` for how close (Manhattan) the agent got to the goal. 0 = sparse reward.
         self.progress_bonus = float(progress_bonus)
+        # Adds a line naming the cell behind each move ("L# DF RH UF", '#' = wall): the partially
+        # observed view agentic tasks usually give, and far easier for a tiny policy than locating '@'.
+        self.local_view = bool(local_view)
         self._env: Any = None
         self._desc: list[str] = []
         self._pos = 0
@@ -89,7 +93,15 @@ class FrozenLakeTextEnv:
         rows = [list(r) for r in self._desc]
         r, c = divmod(self._pos, self.size)
         rows[r][c] = "@"
-        return "\n".join("".join(row) for row in rows) + "\n>"
+        grid = "\n".join("".join(row) for row in rows)
+        if self.local_view:
+            around = []
+            for move, (dr, dc) in zip("LDRU", ((0, -1), (1, 0), (0, 1), (-1, 0)), strict=True):
+                nr, nc = r + dr, c + dc
+                inside = 0 <= nr < self.size and 0 <= nc < self.size
+                around.append(move + (self._desc[nr][nc] if inside else "#"))
+            grid += "\n" + " ".join(around)
+        return grid + "\n>"
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self._done or self._env is None:

@@ -152,7 +152,11 @@ class SampleBuffer:
             1
             for grp in self._groups.values()
             if len(grp.members) >= self.group_size
-            or (timeout is not None and now - grp.created_at >= timeout and len(grp.members) >= self.min_group_size)
+            or (
+                timeout is not None
+                and now - grp.created_at >= timeout
+                and len(grp.members) >= self.min_group_size
+            )
         )
 
     def __len__(self) -> int:

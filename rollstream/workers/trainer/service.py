@@ -166,6 +166,8 @@ class Trainer:
         torch.set_num_threads(1)
         self.model = build_policy(cfg.trainer.seed)
         self.optimizer = make_optimizer(self.model, self.grpo)
+        # The KL anchor is the initial policy (version 0), rebuilt bit-identically from the seed.
+        self.ref_model = build_policy(cfg.trainer.seed) if cfg.trainer.kl_coef > 0 else None
         self.buffer = SampleBuffer(
             cfg.trainer.alpha,
             cfg.trainer.staleness_policy,
@@ -192,13 +194,15 @@ class Trainer:
             self.producer_id,
             **{"isolation.level": "read_committed"},
         )
+        # Fence a zombie predecessor and abort its open transaction *before* reading the lineage, so
+        # the read_committed read below is not held back at the last stable offset.
+        self.producer.init_transactions(30)
         self.lineage = read_lineage(cfg, bootstrap, self.topics, self.codec, run_id)
         self.version = -1
         self.stats = LoopStats()
 
     # -- start / resume ---------------------------------------------------------------------------
     def start(self) -> None:
-        self.producer.init_transactions(30)
         last = self.lineage.last
         if last is None:
             self._publish(0, -1, [], [], {}, {"train_s": 0.0})
@@ -289,7 +293,7 @@ class Trainer:
         if not groups:
             return
         t0 = time.perf_counter()
-        metrics = train_step(self.model, self.optimizer, groups, self.grpo)
+        metrics = train_step(self.model, self.optimizer, groups, self.grpo, self.ref_model)
         train_s = time.perf_counter() - t0
         METRICS.train_step_seconds.observe(train_s)
         samples = [self._ref(s) for grp in groups for s in grp]

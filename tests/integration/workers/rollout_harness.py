@@ -113,9 +113,7 @@ class TopicReader:
 
     def events(self, kind: type[E], topic: str | None = None) -> list[E]:
         return [
-            r.event
-            for r in self.records
-            if isinstance(r.event, kind) and (topic is None or r.topic == topic)
+            r.event for r in self.records if isinstance(r.event, kind) and (topic is None or r.topic == topic)
         ]
 
     def wait_until(self, predicate: Callable[[], bool], timeout: float, what: str = "condition") -> None:
@@ -152,9 +150,7 @@ class Accounting:
         return {tid: obs[0].terminal_state for tid, obs in self.terminals.items()}
 
     def duplicates(self) -> dict[str, list[str]]:
-        return {
-            tid: [o.terminal_state for o in obs] for tid, obs in self.terminals.items() if len(obs) > 1
-        }
+        return {tid: [o.terminal_state for o in obs] for tid, obs in self.terminals.items() if len(obs) > 1}
 
 
 class Rollout:

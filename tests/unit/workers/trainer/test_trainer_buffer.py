@@ -56,6 +56,7 @@ def test_ready_ordering_and_max_groups() -> None:
     buf = SampleBuffer(alpha=5, policy="drop", gamma=0.0, group_size=2, min_group_size=2)
     for tid, gid in (("t9", "g2"), ("t1", "g2"), ("t5", "g1"), ("t3", "g1"), ("t7", "g3")):
         buf.add(_s(tid, gid, 0), 0)
+    assert buf.num_ready(0) == 2
     ready = buf.ready_groups(0, max_groups=1)
     assert [[s.trajectory_id for s in g] for g in ready] == [["t3", "t5"]]
     ready = buf.ready_groups(0, max_groups=5)
@@ -88,8 +89,10 @@ def test_partial_groups_after_timeout() -> None:
     buf.add(_s("b", "big", 0), 0)
     buf.add(_s("c", "small", 0), 0)
     clock.t = 9.9
+    assert buf.num_ready(0) == 0
     assert buf.ready_groups(0, 5) == []
     clock.t = 10.0
+    assert buf.num_ready(0) == 1  # "big" only: "small" is under min_group_size
     ready = buf.ready_groups(0, 5)
     assert [[s.trajectory_id for s in g] for g in ready] == [["a", "b"]]
     assert [(s.trajectory_id, r) for s, r in buf.evict(0)] == [("c", "partial_group")]
