@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 import time
 from pathlib import Path
@@ -125,6 +126,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.trajectories is None and args.steps is None:
         args.trajectories = 300
     bootstrap = _bootstrap(cfg, args, start=True)
+
+    def terminate(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt  # SIGTERM stops the run like Ctrl-C: workers are stopped by PID
+
+    signal.signal(signal.SIGTERM, terminate)
     run_dir = Path(args.run_dir or Path.cwd() / "runs") / run_id
     run_local(
         cfg,
@@ -160,6 +166,168 @@ def cmd_eval(args: argparse.Namespace) -> int:
         else f"run {args.run} version {args.version}: held-out {args.domain} success {success:.3f} "
         f"(mean return {mean_return:.3f}, {args.episodes} episodes)"
     )
+    return 0
+
+
+# -- replay / fork / audit / export ------------------------------------------------------------------------
+def cmd_replay(args: argparse.Namespace) -> int:
+    from rollstream.replay import ReplayError, replay
+
+    cfg = _config(args)
+    try:
+        result = replay(
+            cfg, _bootstrap(cfg, args), check_run_id(args.run), args.to_version, store_uri=args.store
+        )
+    except ReplayError as exc:
+        print(f"replay failed: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result.as_dict()))
+    elif result.divergence is not None:
+        print(result.divergence.describe())
+    else:
+        d = result.as_dict()
+        print(
+            f"replay of run {args.run}: {d['versions_checked']} versions (to v{d['last_version']}) identical "
+            f"to the record in {d['wall_s']:.2f}s (train {d['train_s']:.2f}s, fetch {d['fetch_s']:.2f}s; "
+            f"the run took {d['recorded_span_s']:.1f}s from v0 to that version)"
+        )
+    return 0 if result.ok else 1
+
+
+def cmd_fork(args: argparse.Namespace) -> int:
+    from rollstream.replay import ReplayError, fork
+
+    cfg = load_config(args.config, [])
+    bootstrap = _bootstrap(cfg, args)
+    new_run = check_run_id(args.as_run)
+    try:
+        result = fork(
+            cfg,
+            bootstrap,
+            check_run_id(args.run),
+            args.from_version,
+            new_run,
+            args.set or [],
+            config_path=args.config,
+            to_version=args.to_version,
+            from_store=args.from_store,
+            store_uri=args.store,
+        )
+    except ReplayError as exc:
+        print(f"fork failed: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result.as_dict()))
+    else:
+        print(
+            f"fork {new_run} of {args.run}@v{args.from_version}: "
+            f"versions {result.versions[0]}..{result.versions[-1]}"
+            f" ({result.trained} samples trained, {result.dropped} dropped) in {result.wall_s:.2f}s"
+        )
+    if args.live:
+        from rollstream.runner import parse_counts, run_local
+
+        live_cfg = load_config(
+            args.config, [f"trainer.weight_store={json.dumps(result.store_uri)}", *(args.set or [])]
+        )
+        run_local(
+            live_cfg,
+            bootstrap,
+            new_run,
+            Path(args.run_dir or Path.cwd() / "runs") / new_run,
+            gen=parse_counts(args.gen, "gen"),
+            env=parse_counts(args.env, "env"),
+            reward=1,
+            trajectories=None,
+            steps=result.versions[-1] + args.live,
+        )
+    return 0
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    from rollstream.audit import audit, format_report, read_run_log
+
+    cfg = _config(args)
+    report = audit(
+        read_run_log(cfg, _bootstrap(cfg, args), check_run_id(args.run)), require_closed=args.require_closed
+    )
+    print(json.dumps(report.as_dict(), indent=2) if args.json else format_report(report))
+    return 0 if report.ok else 1
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from rollstream.audit import read_run_log
+    from rollstream.export import export_run
+
+    cfg = _config(args)
+    paths = export_run(
+        read_run_log(cfg, _bootstrap(cfg, args), check_run_id(args.run)), args.to, packed=args.packed
+    )
+    for name, path in paths.items():
+        print(f"{name:14} {path}")
+    return 0
+
+
+# -- taps, analytics, top, report ---------------------------------------------------------------------------
+def cmd_tap(args: argparse.Namespace) -> int:
+    from rollstream.streams.tap import WhereError, parse_since, run_tap
+
+    cfg = _config(args)
+    start: str | int = "end"
+    if args.from_beginning:
+        start = "beginning"
+    elif args.since:
+        start = int((time.time() - parse_since(args.since)) * 1000)
+    try:
+        run_tap(
+            cfg,
+            _bootstrap(cfg, args),
+            check_run_id(args.run),
+            args.topic,
+            where=args.where,
+            start=start,
+            limit=args.limit,
+            as_json=args.json,
+        )
+    except (WhereError, ValueError) as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    return 0
+
+
+def cmd_analytics(args: argparse.Namespace) -> int:
+    from rollstream.streams.faust_app import faust_available, run_faust, run_inprocess
+
+    cfg = _config(args)
+    run_id = check_run_id(args.run)
+    bootstrap = _bootstrap(cfg, args)
+    engine = args.engine
+    if engine == "auto":
+        engine = "faust" if faust_available() else "inprocess"
+    print(f"analytics of run {run_id} ({engine}): http://127.0.0.1:{args.web_port}/analytics/", flush=True)
+    common = {"window_s": args.window, "emit_s": args.emit, "duration_s": args.duration}
+    if engine == "faust":
+        run_faust(cfg, bootstrap, run_id, web_port=args.web_port, **common)
+    else:
+        run_inprocess(cfg, bootstrap, run_id, web_port=args.web_port, **common)
+    return 0
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    from rollstream.streams.top import run_top
+
+    cfg = _config(args)
+    run_top(cfg, _bootstrap(cfg, args), check_run_id(args.run), once=args.once, refresh_s=args.refresh)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from rollstream.streams.report import build_report
+
+    cfg = _config(args)
+    index = build_report(cfg, _bootstrap(cfg, args), check_run_id(args.run), Path(args.out))
+    print(f"report: {index}")
     return 0
 
 
@@ -219,6 +387,84 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--json", action="store_true")
     common(e)
     e.set_defaults(func=cmd_eval)
+
+    tp = sub.add_parser("tap", help="print a run's events live, committing nothing")
+    tp.add_argument(
+        "topic",
+        help="observations, scored-trajectories, env-actions, gen-requests[.<pool>], weight-versions, "
+        "dead-letters",
+    )
+    tp.add_argument("--run", required=True)
+    tp.add_argument("--where", help="filter, e.g. 'domain==\"math\" and reward>0.5'")
+    start = tp.add_mutually_exclusive_group()
+    start.add_argument("--since", help="start from this long ago (30s, 5m, 2h)")
+    start.add_argument("--from-beginning", action="store_true")
+    tp.add_argument("--limit", type=int, help="exit after N matching events")
+    tp.add_argument("--json", action="store_true", help="JSON lines")
+    common(tp)
+    tp.set_defaults(func=cmd_tap)
+
+    an = sub.add_parser("analytics", help="live windowed analytics of a run (faust-streaming app)")
+    an.add_argument("--run", required=True)
+    an.add_argument("--engine", choices=["auto", "faust", "inprocess"], default="auto")
+    an.add_argument("--window", type=float, default=10.0, help="tumbling window (s)")
+    an.add_argument("--emit", type=float, default=2.0, help="publish changed windows every N s")
+    an.add_argument("--web-port", type=int, default=6066)
+    an.add_argument("--duration", type=float, help="stop after N s (default: until Ctrl-C)")
+    common(an)
+    an.set_defaults(func=cmd_analytics)
+
+    to = sub.add_parser("top", help="live terminal dashboard of a run")
+    to.add_argument("--run", required=True)
+    to.add_argument("--once", action="store_true", help="print one frame and exit")
+    to.add_argument("--refresh", type=float, default=2.0)
+    common(to)
+    to.set_defaults(func=cmd_top)
+
+    rp = sub.add_parser("report", help="HTML report with plots, from a run's topics")
+    rp.add_argument("--run", required=True)
+    rp.add_argument("--out", required=True, help="output folder")
+    common(rp)
+    rp.set_defaults(func=cmd_report)
+
+    rp = sub.add_parser("replay", help="re-run a run's training from its log; check every version's checksum")
+    rp.add_argument("--run", required=True)
+    rp.add_argument("--to-version", type=int, help="stop after this version (default: the last)")
+    rp.add_argument("--store", help="weight store URI, if the recorded one moved (used for diagnosis only)")
+    rp.add_argument("--json", action="store_true")
+    common(rp)
+    rp.set_defaults(func=cmd_replay)
+
+    fk = sub.add_parser(
+        "fork", help="continue a run from version K on the same log with new hyper-parameters"
+    )
+    fk.add_argument("--run", required=True)
+    fk.add_argument("--from-version", type=int, required=True)
+    fk.add_argument("--as", dest="as_run", required=True, help="the new run id")
+    fk.add_argument("--to-version", type=int, help="stop after this version (default: the original's last)")
+    fk.add_argument("--from-store", action="store_true", help="load K's weights + optimizer, no replay to K")
+    fk.add_argument("--store", help="weight store for the fork (default: where the original's are)")
+    fk.add_argument("--live", type=int, metavar="N", help="then train N more versions on new rollouts")
+    fk.add_argument("--gen", default="h800=1", help="--live: generation workers per pool")
+    fk.add_argument("--env", default="cpu=1", help="--live: environment workers per pool")
+    fk.add_argument("--run-dir", help="--live: where worker logs go (default ./runs)")
+    fk.add_argument("--json", action="store_true")
+    common(fk)
+    fk.set_defaults(func=cmd_fork)
+
+    au = sub.add_parser("audit", help="check a run's topics: nothing lost, nothing twice, staleness")
+    au.add_argument("--run", required=True)
+    au.add_argument("--require-closed", action="store_true", help="open/pending trajectories are violations")
+    au.add_argument("--json", action="store_true")
+    common(au)
+    au.set_defaults(func=cmd_audit)
+
+    ex = sub.add_parser("export", help="a run's topics as Parquet (DuckDB / pandas)")
+    ex.add_argument("--run", required=True)
+    ex.add_argument("--to", required=True, help="output folder")
+    ex.add_argument("--packed", action="store_true", help="token ids/logprobs as packed bytes, not lists")
+    common(ex)
+    ex.set_defaults(func=cmd_export)
     return p
 
 

@@ -125,6 +125,8 @@ class Codec:
     def _registry_id(self, event_type: type[Event], topic: str) -> int:
         from confluent_kafka.schema_registry import Schema
 
+        assert self._registry is not None  # only called when a registry is configured
+
         key = (event_type, topic)
         schema_id = self._registered.get(key)
         if schema_id is None:

@@ -36,20 +36,25 @@ class TopicAdmin:
         return {name: len(t.partitions) for name, t in meta.topics.items()}
 
     def _configs(self, names: list[str]) -> dict[str, dict[str, str]]:
+        """Configs per topic; a topic deleted since it was listed is left out (reported missing)."""
         if not names:
             return {}
         futures = self._admin.describe_configs([ConfigResource(ResourceType.TOPIC, n) for n in names])
-        return {
-            res.name: {k: v.value for k, v in fut.result(timeout=TIMEOUT_S).items()}
-            for res, fut in futures.items()
-        }
+        out = {}
+        for res, fut in futures.items():
+            try:
+                out[res.name] = {k: v.value for k, v in fut.result(timeout=TIMEOUT_S).items()}
+            except KafkaException as exc:
+                if exc.args[0].name() != "UNKNOWN_TOPIC_OR_PART":
+                    raise
+        return out
 
     def describe(self, specs: list[TopicSpec]) -> list[TopicState]:
         existing = self.existing()
         configs = self._configs([s.name for s in specs if s.name in existing])
         states = []
         for spec in specs:
-            if spec.name not in existing:
+            if spec.name not in existing or spec.name not in configs:
                 states.append(TopicState(spec.name, spec.family, exists=False, action="missing"))
                 continue
             actual = configs.get(spec.name, {})
@@ -97,12 +102,19 @@ class TopicAdmin:
         return result
 
     def delete(self, names: list[str]) -> list[str]:
-        existing = self.existing()
-        targets = [n for n in names if n in existing]
-        if targets:
-            for fut in self._admin.delete_topics(targets, operation_timeout=TIMEOUT_S).values():
+        """Delete every named topic; one that is already gone is not an error. Returns those deleted."""
+        if not names:
+            return []
+        deleted = []
+        for name, fut in self._admin.delete_topics(names, operation_timeout=TIMEOUT_S).items():
+            try:
                 fut.result(timeout=TIMEOUT_S)
-        return targets
+                deleted.append(name)
+            except KafkaException as exc:
+                # Metadata may not list a just-created topic yet, or it was deleted meanwhile.
+                if exc.args[0].name() != "UNKNOWN_TOPIC_OR_PART":
+                    raise
+        return deleted
 
     def partitions_of(self, topic: str) -> int:
         meta = self._admin.list_topics(topic, timeout=TIMEOUT_S)

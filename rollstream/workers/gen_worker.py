@@ -169,8 +169,18 @@ class GenWorker(Handler):
         except queue.Empty:
             return []
         batch = [first]
+        max_batch = self.cfg.generation.max_batch
+        while len(batch) < max_batch:  # whatever queued meanwhile joins at no cost
+            try:
+                batch.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        if len(batch) == 1:
+            # A lone request (light load): waiting batch_wait_ms for company only adds latency to
+            # every turn; under load requests queue up while the engine runs and batch by themselves.
+            return batch
         deadline = time.monotonic() + self.cfg.generation.batch_wait_ms / 1000
-        while len(batch) < self.cfg.generation.max_batch:
+        while len(batch) < max_batch:
             timeout = deadline - time.monotonic()
             try:
                 batch.append(

@@ -24,11 +24,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from rollstream.schemas.codec import Codec, DecodeError
 from rollstream.schemas.events import DeadLetter, Event
 from rollstream.topics.specs import RunTopics
+from rollstream.workers.metrics import LagSampler
 
 log = logging.getLogger(__name__)
 
@@ -145,22 +146,25 @@ class WorkerContext:
                 return out
 
     def dead_letter(self, ref: MessageRef, value: bytes | None, reason: str, error: str) -> None:
-        self.produce(
-            self.topics.dead_letters,
-            ref.key,
-            DeadLetter(
-                run_id=self.topics.run_id,
-                trajectory_id=ref.key.decode(errors="replace") if ref.key else "",
-                original_topic=ref.topic,
-                original_partition=ref.partition,
-                original_offset=ref.offset,
-                original_key=ref.key,
-                original_value=None if value is None else value[:DEAD_LETTER_VALUE_LIMIT],
-                original_size=0 if value is None else len(value),
-                reason=reason,
-                error=error[:4000],
-            ),
+        # Keep the copy of the original well under the topic's limit, leaving room for the envelope.
+        keep = min(DEAD_LETTER_VALUE_LIMIT, max(0, self.max_message_bytes - 8192))
+        letter = DeadLetter(
+            run_id=self.topics.run_id,
+            trajectory_id=ref.key.decode(errors="replace") if ref.key else "",
+            original_topic=ref.topic,
+            original_partition=ref.partition,
+            original_offset=ref.offset,
+            original_key=ref.key,
+            original_value=None if value is None else value[:keep],
+            original_size=0 if value is None else len(value),
+            reason=reason,
+            error=error[:4000],
         )
+        try:
+            self.produce(self.topics.dead_letters, ref.key, letter)
+        except KafkaException:
+            letter.original_value = None  # still too large: keep the reason and where it came from
+            self.produce(self.topics.dead_letters, ref.key, letter)
         log.warning(
             "dead-lettered %s[%d]@%d: %s: %s", ref.topic, ref.partition, ref.offset, reason, error[:200]
         )
@@ -220,6 +224,7 @@ class WorkerLoop:
         poll_batch: int = 500,
         poll_timeout_s: float = 0.02,
         drain_timeout_s: float = 15.0,
+        group: str = "",
     ) -> None:
         self.handler = handler
         self.consumer = consumer
@@ -233,6 +238,7 @@ class WorkerLoop:
         self.drain_timeout_s = drain_timeout_s
         self._assigned: set[tuple[str, int]] = set()
         self._last_commit = 0.0
+        self._lag = LagSampler(consumer, group)  # no-op without a group name
 
     # -- rebalance callbacks (run inside consume()) -------------------------------------------------
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -285,6 +291,7 @@ class WorkerLoop:
         self._backpressure()
         if time.monotonic() - self._last_commit >= self.commit_interval_s:
             self._commit()
+        self._lag.maybe_sample()
 
     def _dispatch(self, msg: Message) -> None:
         err = msg.error()

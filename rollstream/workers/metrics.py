@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -67,6 +70,43 @@ class _Metrics:
 
 
 METRICS = _Metrics()
+
+
+class LagSampler:
+    """Sets ``rollstream_consumer_lag`` (high watermark - position) per assigned partition every `interval_s`.
+
+    Uses librdkafka's cached high watermark (refreshed by every fetch response) and the local position, so
+    a sample costs no broker round trip inside the worker loop.
+    """
+
+    def __init__(self, consumer: Any, group: str, interval_s: float = 5.0) -> None:
+        self.consumer = consumer
+        self.group = group
+        self.interval_s = interval_s
+        self._next = 0.0
+        self._labels: set[tuple[str, str]] = set()
+
+    def maybe_sample(self) -> None:
+        now = time.monotonic()
+        if now < self._next or not self.group:
+            return
+        self._next = now + self.interval_s
+        try:
+            positions = self.consumer.position(self.consumer.assignment())
+        except Exception:  # mid-rebalance: try again next interval
+            return
+        seen = set()
+        for tp in positions:
+            _low, high = self.consumer.get_watermark_offsets(tp, cached=True)
+            if high < 0:
+                continue  # nothing fetched from this partition yet
+            lag = max(0, high - tp.offset) if tp.offset >= 0 else high
+            label = (tp.topic, str(tp.partition))
+            seen.add(label)
+            METRICS.consumer_lag.labels(group=self.group, topic=label[0], partition=label[1]).set(lag)
+        for topic, partition in self._labels - seen:  # revoked partitions: stop reporting a frozen lag
+            METRICS.consumer_lag.remove(self.group, topic, partition)
+        self._labels = seen
 
 
 def serve_metrics(port: int) -> int:

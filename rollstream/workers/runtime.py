@@ -20,6 +20,11 @@ log = logging.getLogger(__name__)
 
 ROLES = ("env", "gen", "reward", "scheduler", "trainer")
 
+# Poll timeout of the roles on the per-turn path. librdkafka's consume(n, timeout) waits out the whole
+# timeout unless n messages arrive, and the env worker picks up finished steps only between polls, so
+# the loop's 20 ms default added ~10-30 ms to every hop (bench/bench_turn_latency.py: 46 -> 12 ms/turn).
+TURN_PATH_POLL_TIMEOUT_S = {"env": 0.001, "gen": 0.001}
+
 
 def build_context(cfg: Config, bootstrap: str, run_id: str, role: str, pool: str | None) -> WorkerContext:
     producer_id = default_producer_id(f"{role}.{pool}" if pool else role)
@@ -82,7 +87,9 @@ def run_worker(
     consumer = make_consumer(cfg, bootstrap, gid, ctx.producer_id)
     if metrics_port is not None:
         log.info("metrics on 127.0.0.1:%d", serve_metrics(metrics_port))
-    loop = WorkerLoop(handler, consumer=consumer, ctx=ctx)
+    loop = WorkerLoop(handler, consumer=consumer, ctx=ctx, group=gid)
+    if role in TURN_PATH_POLL_TIMEOUT_S:
+        loop.poll_timeout_s = TURN_PATH_POLL_TIMEOUT_S[role]
     stop = stop or ctx.stopping
     restore = install_stop_signals(stop) if threading.current_thread() is threading.main_thread() else None
     try:

@@ -120,7 +120,7 @@ def test_trainer_sigkill_resumes_exactly_once(kafka_bootstrap: str, run_id: str,
             dropped.add(key)
     assert trained, "nothing was trained"
 
-    # Nothing skipped: each completed sample below the trainer group's committed offsets was trained or dropped.
+    # Nothing skipped: completed samples below the trainer's committed offsets were trained or dropped.
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
     partitions = len(admin.list_topics(topics.scored, timeout=10).topics[topics.scored].partitions)
     gid = group_id(cfg.kafka.topic_prefix, run_id, "trainer")
