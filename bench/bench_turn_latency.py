@@ -74,8 +74,8 @@ def register_noop() -> None:
         envs.DOMAINS = (*envs.DOMAINS, NOOP)
     real_score = reward_worker.score
 
-    def score(domain: str, response: str, info: dict[str, Any], env_return: float) -> tuple[float, str]:
-        return (env_return, "env") if domain == NOOP else real_score(domain, response, info, env_return)
+    def score(domain: str, response_text: str, info: dict[str, Any], env_return: float) -> tuple[float, str]:
+        return (env_return, "env") if domain == NOOP else real_score(domain, response_text, info, env_return)
 
     reward_worker.score = score
 
@@ -165,7 +165,7 @@ def _read_all(cfg: Any, bootstrap: str, topics: list[str]) -> list[tuple[str, An
             idle_since = time.monotonic()
         for m in msgs:
             if not m.error():
-                out.append((m.topic(), codec.decode(m.value())))
+                out.append((str(m.topic()), codec.decode(m.value())))
     consumer.close()
     return out
 
@@ -267,8 +267,8 @@ def run_phase(
             terminal_at.append(e.created_at_ms)
             completed += e.terminal_state == "completed"
             total_turns += len(e.turns)
-            for t in e.turns:
-                env_ms[(e.trajectory_id, t.turn)] = t.env_ms
+            for done_turn in e.turns:
+                env_ms[(e.trajectory_id, done_turn.turn)] = done_turn.env_ms
     turn, added, to_gen, to_env, gen = [], [], [], [], []
     for (tid, t), at in req_at.items():
         nxt = req_at.get((tid, t + 1))

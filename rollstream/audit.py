@@ -468,7 +468,7 @@ def read_topics(
                     if err.code() == KafkaError._PARTITION_EOF:
                         pending.discard((msg.topic(), msg.partition()))
                     continue
-                yield msg.topic(), msg.partition(), msg.offset(), msg.value()
+                yield str(msg.topic()), int(msg.partition() or 0), int(msg.offset() or 0), msg.value()
         if pending:
             raise TimeoutError(f"did not reach the end of {sorted(pending)[:3]} in {timeout_s:.0f}s")
     finally:

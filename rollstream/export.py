@@ -38,6 +38,7 @@ def _final_terminal(obs: list[Observation]) -> Observation | None:
 
 
 def tables(log: RunLog, *, packed: bool = False) -> dict[str, pa.Table]:
+    v: Any  # row values of mixed types
     trained_at: dict[str, tuple[int, float]] = {}
     dropped_at: dict[str, tuple[int, str]] = {}
     sample_rows: dict[str, list[Any]] = {
@@ -182,8 +183,8 @@ def tables(log: RunLog, *, packed: bool = False) -> dict[str, pa.Table]:
             "dropped_reason": d_r,
             "status": status_of.get(tid, "open"),
         }
-        for k, v in row.items():
-            traj_rows[k].append(v)
+        for k, value in row.items():
+            traj_rows[k].append(value)
         turns: list[Turn] = obs.turns if obs else []
         for t in turns:
             for k, v in (

@@ -159,14 +159,14 @@ class SampleFetcher:
             deadline = time.monotonic() + timeout_s
             while pending and time.monotonic() < deadline:
                 for msg in consumer.consume(1000, 0.5):
-                    tp = (msg.topic(), msg.partition())
+                    tp = (str(msg.topic()), int(msg.partition() or 0))
                     err = msg.error()
                     if err is not None:
                         if err.code() == KafkaError._PARTITION_EOF:
                             pending.discard(tp)
                         continue
                     self.read_messages += 1
-                    off = msg.offset()
+                    off = int(msg.offset() or 0)
                     if off in wanted[tp]:
                         try:
                             event = self.codec.decode(msg.value())
@@ -343,6 +343,7 @@ class Replayer:
         self.model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.version = -1
+        self._anchors: dict[int, Any] = {}
 
     def _say(self, text: str) -> None:
         print(text, file=self.out, flush=True)
@@ -363,7 +364,7 @@ class Replayer:
         """Start from a recorded version's weights and optimizer state (fork roots, `fork --from-store`)."""
         self.model = build_policy(wv.seed)
         self.model.load_state_dict(self._fetch_state(self.run_id, wv, optim=False))
-        self.optimizer = make_optimizer(self.model, version_grpo(wv))  # type: ignore[arg-type]
+        self.optimizer = make_optimizer(self.model, version_grpo(wv))
         if wv.trainer_state:
             restore_optimizer(self.optimizer, self._fetch_state(self.run_id, wv, optim=True))
         self.version = wv.version
@@ -489,6 +490,14 @@ class Replayer:
             self.run_id, checks, div, time.perf_counter() - t_start, fetch_s, span, self.fetcher.read_messages
         )
 
+    def _kl_anchor(self, grpo: GrpoConfig) -> Any:
+        # As the trainer: the KL reference is the initial policy build_policy(seed), only when kl_coef > 0.
+        if grpo.kl_coef <= 0:
+            return None
+        if grpo.seed not in self._anchors:
+            self._anchors[grpo.seed] = build_policy(grpo.seed)
+        return self._anchors[grpo.seed]
+
     def _train(
         self, refs: list[SampleRef], events: dict[RefKey, ScoredTrajectory], grpo: GrpoConfig
     ) -> tuple[dict[str, float], float]:
@@ -497,7 +506,13 @@ class Replayer:
             self.optimizer = make_optimizer(self.model, grpo)  # type: ignore[arg-type]
         set_optimizer_hparams(self.optimizer, grpo)
         t0 = time.perf_counter()
-        metrics = train_step(self.model, self.optimizer, build_groups(refs, events), grpo)  # type: ignore[arg-type]
+        metrics = train_step(
+            self.model,  # type: ignore[arg-type]
+            self.optimizer,
+            build_groups(refs, events),
+            grpo,
+            self._kl_anchor(grpo),
+        )
         return metrics, time.perf_counter() - t0
 
 

@@ -34,19 +34,25 @@ def default_producer_id(role: str) -> str:
 
 
 def pack_tokens(ids: Any) -> bytes:
+    """Token ids as packed little-endian int32 (the wire format: never Avro arrays)."""
     return np.asarray(ids, dtype="<i4").tobytes()
 
 
 def unpack_tokens(data: bytes) -> np.ndarray:
-    return np.frombuffer(data, dtype="<i4")
+    if len(data) % 4:
+        raise ValueError(f"token payload length {len(data)} is not a multiple of 4")
+    return np.frombuffer(data, dtype="<i4").astype(np.int32)
 
 
 def pack_logprobs(values: Any) -> bytes:
+    """Logprobs as packed little-endian float32."""
     return np.asarray(values, dtype="<f4").tobytes()
 
 
 def unpack_logprobs(data: bytes) -> np.ndarray:
-    return np.frombuffer(data, dtype="<f4")
+    if len(data) % 4:
+        raise ValueError(f"logprob payload length {len(data)} is not a multiple of 4")
+    return np.frombuffer(data, dtype="<f4").astype(np.float32)
 
 
 class EnvActionKind(StrEnum):

@@ -117,7 +117,8 @@ def plot_staleness(data: RunData, out: Path) -> Path:
             counts[s.last_version - s.first_version] += 1
     fig, ax = plt.subplots(figsize=(6, 4))
     xs = sorted(counts)
-    ax.bar([str(x) for x in xs], [counts[x] for x in xs])
+    ax.bar(xs, [counts[x] for x in xs])
+    ax.set_xticks(xs)
     ax.set_xlabel("staleness (last_version - first_version)")
     ax.set_ylabel("completed trajectories")
     ax.set_title("staleness distribution")

@@ -206,7 +206,7 @@ def test_gap_in_versions() -> None:
 def test_wrong_parent_and_repeated_version() -> None:
     log = clean_log()
     log.versions[2].parent_version = 0
-    assert rules(log) == {"versions"}
+    assert "versions" in rules(log)
     log = clean_log()
     log.versions.append(_version(2, []))
     assert rules(log) == {"versions"}

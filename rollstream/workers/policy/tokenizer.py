@@ -1,13 +1,15 @@
-"""Character-level tokenizer and the packed wire format for token ids / logprobs.
+"""Character-level tokenizer (the packed wire format for token ids / logprobs is re-exported from events).
 
 Deterministic and download-free so every worker (generation, trainer, replay) agrees on ids bit-for-bit.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
-import numpy as np
+from rollstream.schemas.events import pack_logprobs, pack_tokens, unpack_logprobs, unpack_tokens
+
+__all__ = ["CharTokenizer", "pack_logprobs", "pack_tokens", "unpack_logprobs", "unpack_tokens"]
 
 PAD_ID = 0
 BOS_ID = 1
@@ -53,25 +55,3 @@ class CharTokenizer:
             if ch is not None:  # specials (PAD/BOS/UNK) and out-of-range ids are skipped
                 out.append(ch)
         return "".join(out)
-
-
-def pack_tokens(ids: Sequence[int] | np.ndarray) -> bytes:
-    """Token ids as little-endian int32 bytes (the on-topic wire format)."""
-    return np.asarray(ids, dtype="<i4").tobytes()
-
-
-def unpack_tokens(b: bytes) -> np.ndarray:
-    if len(b) % 4:
-        raise ValueError(f"token payload length {len(b)} is not a multiple of 4")
-    return np.frombuffer(b, dtype="<i4").astype(np.int32)
-
-
-def pack_logprobs(lp: Sequence[float] | np.ndarray) -> bytes:
-    """Logprobs as little-endian float32 bytes."""
-    return np.asarray(lp, dtype="<f4").tobytes()
-
-
-def unpack_logprobs(b: bytes) -> np.ndarray:
-    if len(b) % 4:
-        raise ValueError(f"logprob payload length {len(b)} is not a multiple of 4")
-    return np.frombuffer(b, dtype="<f4").astype(np.float32)

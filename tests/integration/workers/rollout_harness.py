@@ -107,7 +107,11 @@ class TopicReader:
                 except DecodeError:
                     self.undecodable += 1
                     continue
-                new.append(Record(msg.topic(), msg.partition(), msg.offset(), msg.key(), event))
+                new.append(
+                    Record(
+                        str(msg.topic()), int(msg.partition() or 0), int(msg.offset() or 0), msg.key(), event
+                    )
+                )
         self.records += new
         return new
 
@@ -267,7 +271,7 @@ class FaultyEnv:
         self,
         env: TextEnv,
         on_reset: Callable[[FaultyEnv], None] | None,
-        on_step: Callable[[FaultyEnv], None] | None,
+        on_step: Callable[[FaultyEnv], object] | None,
     ) -> None:
         self.env = env
         self.on_reset = on_reset
@@ -295,7 +299,7 @@ class FaultyEnv:
 def wrap_make_env(
     monkeypatch: Any,
     *,
-    on_step: Callable[[FaultyEnv], None] | None = None,
+    on_step: Callable[[FaultyEnv], object] | None = None,
     on_reset: Callable[[FaultyEnv], None] | None = None,
 ) -> None:
     """Env workers run in threads of this process: wrap every env they create in a FaultyEnv."""
