@@ -30,7 +30,8 @@ def new_id() -> str:
 
 
 def default_producer_id(role: str) -> str:
-    return f"{role}@{socket.gethostname()}:{os.getpid()}"
+    # The random suffix keeps two workers of one process (tests, notebooks) apart.
+    return f"{role}@{socket.gethostname()}:{os.getpid()}-{uuid.uuid4().hex[:4]}"
 
 
 def pack_tokens(ids: Any) -> bytes:

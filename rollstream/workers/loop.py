@@ -279,7 +279,13 @@ class WorkerLoop:
 
     def _turn(self, fetch: bool) -> None:
         if fetch:
-            for msg in self.consumer.consume(self.poll_batch, self.poll_timeout_s):
+            # consume(n, timeout) would wait out the whole timeout unless n messages arrive: take what
+            # is there now, and only block (briefly) in poll() when nothing is.
+            msgs = self.consumer.consume(self.poll_batch, 0)
+            if not msgs:
+                msg = self.consumer.poll(self.poll_timeout_s)
+                msgs = [msg] if msg is not None else []
+            for msg in msgs:
                 self._dispatch(msg)
         else:
             self.consumer.poll(0)  # keep the group session and rebalance callbacks alive

@@ -39,6 +39,10 @@ class PoolRouter:
 
     def start(self) -> None:
         if self._admin is not None and self._thread is None:
+            try:  # one synchronous look first: requests must not wait on a pool with no consumers
+                self.refresh()
+            except Exception as exc:
+                log.debug("initial pool refresh failed: %s", exc)
             self._thread = threading.Thread(target=self._refresh_loop, name="pool-router", daemon=True)
             self._thread.start()
 

@@ -1,13 +1,11 @@
-"""Policy model side: character tokenizer, tiny causal LM, batched generation with behaviour logprobs."""
+"""Policy model side: character tokenizer, tiny causal LM, batched generation with behaviour logprobs.
 
-from rollstream.workers.policy.model import (
-    Generation,
-    build_policy,
-    generate,
-    load_policy_config,
-    sequence_logprobs,
-    state_dict_checksum,
-)
+The model half (torch, transformers) loads on first use, so tokenizer-only users (the scripted backend)
+start in a fraction of a second.
+"""
+
+from typing import Any
+
 from rollstream.workers.policy.tokenizer import (
     BOS_ID,
     EOS_ID,
@@ -37,3 +35,20 @@ __all__ = [
     "unpack_logprobs",
     "unpack_tokens",
 ]
+
+_MODEL_NAMES = {
+    "Generation",
+    "build_policy",
+    "generate",
+    "load_policy_config",
+    "sequence_logprobs",
+    "state_dict_checksum",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MODEL_NAMES:
+        from rollstream.workers.policy import model
+
+        return getattr(model, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
