@@ -6,8 +6,10 @@ generation workers ``fetch`` with those refs. Weights never travel through Kafka
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
+import re
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -148,10 +150,30 @@ class DirectoryWeightStore(_BucketedStore):
             raise WeightStoreError(f"bucket {key!r} not found under {self.root}") from e
 
 
+def _address(buf: bytes | bytearray) -> int:
+    """Address of a buffer's bytes, without a copy (for ``bytes`` read-only: Mooncake only reads it)."""
+    if isinstance(buf, bytes):
+        return ctypes.cast(ctypes.c_char_p(buf), ctypes.c_void_p).value or 0
+    return ctypes.addressof((ctypes.c_char * len(buf)).from_buffer(buf))
+
+
 class MooncakeWeightStore(_BucketedStore):
     """Buckets as objects in a Mooncake distributed store (``mooncake.store.MooncakeDistributedStore``).
 
-    Needs a running ``mooncake_master`` (and its HTTP metadata server unless ``P2PHANDSHAKE``).
+    Needs a running ``mooncake_master``. With ``metadata_server="P2PHANDSHAKE"`` (the default) the
+    transfer engines exchange segment descriptors directly and no metadata server is needed; otherwise
+    give the HTTP metadata server's URL (``mooncake_master --enable_http_metadata_server=true`` or
+    ``python -m mooncake.http_metadata_server``).
+
+    Objects live in the memory that clients contribute (``global_segment_size``), so the publisher must
+    contribute enough for ``keep_versions`` versions of the model and stay up while workers fetch: a bucket
+    in a segment disappears when its client closes. Buckets are hard-pinned (never evicted) and put
+    preferably in the publisher's own segment; after each ``publish`` the versions older than the newest
+    ``keep_versions`` this instance published are removed (a removal refused because a reader holds the
+    lease is retried on the next publish). Fetch-only clients should pass ``global_segment_size=0``.
+
+    Data moves with ``upsert_from``/``get_into`` straight from and into the bucket buffers, so a bucket may
+    be larger than ``local_buffer_size`` (the plain ``put``/``get`` stage the whole value through it).
     """
 
     def __init__(
@@ -163,25 +185,36 @@ class MooncakeWeightStore(_BucketedStore):
         protocol: str = "tcp",
         device_name: str = "",
         global_segment_size: int = 512 * 1024 * 1024,
-        local_buffer_size: int = 128 * 1024 * 1024,
+        local_buffer_size: int = 16 * 1024 * 1024,
         bucket_mb: float = 64.0,
         key_prefix: str = "rollstream/weights/",
+        keep_versions: int = 2,
     ) -> None:
         super().__init__(bucket_mb)
-        # Keep the transfer engine's TCP listener on loopback unless the operator chose otherwise; it reads
-        # this at import/setup time, so it must be set before the import below.
+        if keep_versions < 1:
+            raise ValueError(f"keep_versions={keep_versions!r}: must be >= 1")
+        if global_segment_size < 0 or local_buffer_size <= 0:
+            raise ValueError(
+                f"global_segment_size={global_segment_size!r} must be >= 0 and "
+                f"local_buffer_size={local_buffer_size!r} > 0"
+            )
+        # The transfer engine advertises this address to peers (it reads it at setup); keep it on loopback
+        # unless the operator chose otherwise. Its listeners still bind all interfaces (Mooncake 0.3.13).
         os.environ.setdefault("MC_TCP_BIND_ADDRESS", "127.0.0.1")
         try:
-            from mooncake.store import MooncakeDistributedStore
+            from mooncake.store import MooncakeDistributedStore, ReplicateConfig
         except ImportError as e:
             raise WeightStoreError(
                 "Mooncake weight store requested but the 'mooncake' package is not installed; "
                 "install mooncake-transfer-engine (pip install 'rollstream[mooncake]') or use a directory "
                 "store (a path or file:// URI)"
             ) from e
-        host = master_server_address.rsplit(":", 1)[0]
-        self.metadata_server = metadata_server or f"http://{host}:8080/metadata"
+        self.master_server_address = master_server_address
+        self.metadata_server = metadata_server or "P2PHANDSHAKE"
         self.key_prefix = key_prefix
+        self.keep_versions = keep_versions
+        self._published: dict[str, list[int]] = {}  # run_id -> versions this instance published, ascending
+        self._stale: dict[str, list[str]] = {}  # run_id -> bucket keys whose removal is still due
         self._store: Any = MooncakeDistributedStore()
         rc = self._store.setup(
             local_hostname,
@@ -193,27 +226,89 @@ class MooncakeWeightStore(_BucketedStore):
             master_server_address,
         )
         if rc != 0:
-            raise WeightStoreError(f"mooncake setup failed (rc={rc}) master={master_server_address}")
+            raise WeightStoreError(
+                f"mooncake setup failed (rc={rc}) master={master_server_address} "
+                f"metadata_server={self.metadata_server}: is mooncake_master running there?"
+            )
+        self._closed = False
+        self._config: Any = ReplicateConfig()
+        self._config.replica_num = 1
+        self._config.with_hard_pin = True  # weights must not be evicted under memory pressure
+        if global_segment_size > 0:
+            self._config.preferred_segment = self._store.get_hostname()
+
+    def __enter__(self) -> MooncakeWeightStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _put(self, key: str, data: bytes) -> None:
-        rc = self._store.put(self.key_prefix + key, data)
+        ptr = _address(data)
+        # Registration makes the buffer reachable for RDMA; on TCP it is cheap bookkeeping.
+        reg = self._store.register_buffer(ptr, len(data))
+        try:
+            rc = self._store.upsert_from(self.key_prefix + key, ptr, len(data), self._config)
+        finally:
+            if reg == 0:
+                self._store.unregister_buffer(ptr)
         if rc != 0:
-            raise WeightStoreError(f"mooncake put of bucket {key!r} failed (rc={rc})")
+            hint = " (no room: the segments are full, raise global_segment_size)" if rc == -200 else ""
+            raise WeightStoreError(f"mooncake put of bucket {key!r} ({len(data)} B) failed (rc={rc}){hint}")
 
     def _get(self, key: str) -> bytes:
-        data = self._store.get(self.key_prefix + key)
-        if not data:  # the binding returns empty bytes for a missing key
-            raise WeightStoreError(f"bucket {key!r} not found in mooncake store")
-        return bytes(data)
+        full = self.key_prefix + key
+        size = self._store.get_size(full)
+        if size < 0:
+            raise WeightStoreError(f"bucket {key!r} not found in mooncake store (rc={size})")
+        buf = bytearray(size)
+        if size == 0:
+            return b""
+        ptr = _address(buf)
+        reg = self._store.register_buffer(ptr, size)
+        try:
+            n = self._store.get_into(full, ptr, size)
+        finally:
+            if reg == 0:
+                self._store.unregister_buffer(ptr)
+        if n != size:
+            raise WeightStoreError(f"mooncake get of bucket {key!r} failed (rc={n}, expected {size} B)")
+        return bytes(buf)  # safetensors.torch.load takes bytes only
+
+    def publish(self, run_id: str, version: int, state_dict: Mapping[str, torch.Tensor]) -> list[BucketRef]:
+        refs = super().publish(run_id, version, state_dict)
+        versions = self._published.setdefault(run_id, [])
+        if version not in versions:
+            versions.append(version)
+            versions.sort()
+        stale = self._stale.setdefault(run_id, [])
+        while len(versions) > self.keep_versions:
+            old = versions.pop(0)
+            stale.append(f"{self.key_prefix}{run_id}/v{old:08d}/")
+        self._remove_stale(run_id)
+        return refs
+
+    def _remove_stale(self, run_id: str) -> None:
+        """Remove the buckets of versions past retention; a prefix stays due while any removal fails."""
+        still: list[str] = []
+        for prefix in self._stale.get(run_id, []):
+            rc = self._store.remove_by_regex("^" + re.escape(prefix))
+            if rc < 0:
+                still.append(prefix)
+        self._stale[run_id] = still
 
     def close(self) -> None:
-        self._store.close()
+        if not self._closed:
+            self._closed = True
+            self._store.close()
 
 
 def open_weight_store(uri: str | Path, *, bucket_mb: float = 64.0) -> WeightStore:
     """``/path`` or ``file:///path`` -> DirectoryWeightStore;
-    ``mooncake://master:50051?metadata_server=http://h:8080/metadata&protocol=tcp&local_hostname=...``
-    -> MooncakeWeightStore (``bucket_mb`` may also be given as a query parameter)."""
+    ``mooncake://master:50051?metadata_server=P2PHANDSHAKE&protocol=tcp&local_hostname=...`` (also
+    ``device_name``, ``global_segment_size`` and ``local_buffer_size`` in bytes, ``keep_versions``,
+    ``bucket_mb``; ``metadata_server`` defaults to P2PHANDSHAKE, else ``http://h:8080/metadata``)
+    -> MooncakeWeightStore."""
     if isinstance(uri, Path):
         return DirectoryWeightStore(uri, bucket_mb)
     parsed = urlparse(uri)
@@ -234,6 +329,7 @@ def open_weight_store(uri: str | Path, *, bucket_mb: float = 64.0) -> WeightStor
             "global_segment_size",
             "local_buffer_size",
             "bucket_mb",
+            "keep_versions",
         }
         unknown = set(q) - known
         if unknown:
@@ -241,7 +337,7 @@ def open_weight_store(uri: str | Path, *, bucket_mb: float = 64.0) -> WeightStor
         kwargs: dict[str, Any] = {
             k: q[k] for k in ("metadata_server", "local_hostname", "protocol", "device_name") if k in q
         }
-        for k in ("global_segment_size", "local_buffer_size"):
+        for k in ("global_segment_size", "local_buffer_size", "keep_versions"):
             if k in q:
                 kwargs[k] = int(q[k])
         return MooncakeWeightStore(parsed.netloc, bucket_mb=float(q.get("bucket_mb", bucket_mb)), **kwargs)

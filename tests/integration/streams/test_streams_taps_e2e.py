@@ -27,7 +27,7 @@ from rollstream.streams.top import RunView
 from rollstream.topics.specs import RunTopics
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "unit" / "streams"))
-from test_streams_analytics import make_events  # noqa: E402
+from test_streams_analytics import make_events
 
 
 @pytest.fixture
