@@ -223,6 +223,8 @@ def run_local(
             if steps is None and scheduler.poll() == 0:
                 tap.poll(2.0)
                 break
+    except KeyboardInterrupt:
+        print(f"run {run_id}: interrupted, stopping the workers", file=out, flush=True)
     finally:
         cluster.stop()
         progress = tap.poll(1.0)

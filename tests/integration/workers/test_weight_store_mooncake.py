@@ -102,7 +102,7 @@ def reader(master: str) -> Iterator[MooncakeWeightStore]:
 def _state(seed: int, mb: int = 20) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     n = mb * 1024 * 1024 // 4 // 10
-    state = {f"layer{i}.weight": torch.randn(n, generator=gen) for i in range(9)}
+    state = {f"layer{i}.weight": torch.randn(n, generator=gen) for i in range(10)}
     state["embed.weight"] = torch.randn(n // 4, 4, generator=gen).to(torch.bfloat16)
     state["step"] = torch.tensor([seed], dtype=torch.int64)
     return state
