@@ -384,6 +384,8 @@ class EmbeddedBroker:
             if self._proc is not None and self._proc.pid == pid:
                 self._proc.poll()  # reap our own child so it does not linger as a zombie
             if not _pid_alive(pid):
+                if self._proc is not None and self._proc.pid == pid:
+                    self._proc.wait(5)  # it may have exited just after the poll above: reap it now
                 return True
             time.sleep(0.1)
         return False

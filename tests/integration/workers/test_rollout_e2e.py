@@ -136,10 +136,10 @@ def test_second_gen_worker_joins_mid_run(rollout_factory: Any, monkeypatch: pyte
     owned = [len(m.assignment.topic_partitions) for m in members]
     assert all(k > 0 for k in owned) and sum(owned) == 8, owned
 
-    second_id_suffix = f":{proc.pid}"
+    second_id_part = f":{proc.pid}-"  # producer ids are role@host:pid-<random>
     reader.wait_until(
         lambda: any(
-            a.producer_id.endswith(second_id_suffix)
+            second_id_part in a.producer_id
             for a in actions_of(reader, r.topics, EnvActionKind.ACTION)
         ),
         60,
