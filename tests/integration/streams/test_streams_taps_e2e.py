@@ -92,9 +92,7 @@ def test_tap_commits_nothing(run: Any, kafka_admin: Any) -> None:
     shown = run_tap(cfg, bootstrap, run_id, "observations", where='domain=="math" and reward>0.5',
                     start="beginning", out=out, idle_exit_s=2)  # fmt: skip
     lines = out.getvalue().splitlines()
-    assert (
-        shown == len(lines) == 4
-    )  # i odd and i/20 > 0.5: 11, 13, 15, 17, 19 -> reward>0.5 excludes 0.55? no
+    assert shown == len(lines) == 5  # math is odd i, reward i/20 > 0.5: i = 11, 13, 15, 17, 19
     out = io.StringIO()
     run_tap(cfg, bootstrap, run_id, "scored-trajectories", start="beginning", limit=7, as_json=True, out=out)
     rows = [json.loads(line) for line in out.getvalue().splitlines()]
