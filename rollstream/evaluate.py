@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from transformers import PreTrainedModel
 
 from rollstream.config import Config
 from rollstream.schemas.codec import make_codec
@@ -29,7 +30,7 @@ class EvalResult:
     mean_return: float
 
 
-def load_version(cfg: Config, bootstrap: str, run_id: str, version: int) -> torch.nn.Module:
+def load_version(cfg: Config, bootstrap: str, run_id: str, version: int) -> PreTrainedModel:
     topics = RunTopics(run_id, cfg.kafka.topic_prefix)
     lineage = read_lineage(cfg, bootstrap, topics, make_codec(cfg.kafka.schema_registry_url or None), run_id)
     match = [v for v in lineage.versions if v.version == version]
@@ -46,7 +47,7 @@ def load_version(cfg: Config, bootstrap: str, run_id: str, version: int) -> torc
 
 
 def evaluate(
-    model: torch.nn.Module, cfg: Config, domain: str = "frozenlake", episodes: int = 200, greedy: bool = True
+    model: PreTrainedModel, cfg: Config, domain: str = "frozenlake", episodes: int = 200, greedy: bool = True
 ) -> tuple[float, float]:
     """(success rate, mean return) over `episodes` held-out tasks of `domain`."""
     tok = CharTokenizer()
@@ -60,7 +61,7 @@ def evaluate(
     with torch.inference_mode():
         while live:
             gens = generate(
-                model,  # type: ignore[arg-type]
+                model,
                 [tok.encode(prompts[i], add_bos=True) for i in live],
                 max_new_tokens=max_new,
                 greedy=greedy,

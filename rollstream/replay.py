@@ -30,6 +30,7 @@ from typing import Any, TextIO
 import safetensors.torch
 import torch
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from transformers import PreTrainedModel
 
 from rollstream.clients import make_consumer, make_producer
 from rollstream.config import Config, load_config
@@ -340,7 +341,7 @@ class Replayer:
         self.lineage = lineage or read_lineage(cfg, bootstrap, self.topics, self.codec, run_id)
         self.fetcher = SampleFetcher(cfg, bootstrap)
         torch.set_num_threads(1)  # as the trainer: intra-op threads may change float summation order
-        self.model: torch.nn.Module | None = None
+        self.model: PreTrainedModel | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.version = -1
         self._anchors: dict[int, Any] = {}

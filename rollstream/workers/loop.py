@@ -305,7 +305,8 @@ class WorkerLoop:
             if err.code() != KafkaError._PARTITION_EOF:
                 log.warning("consume error: %s", err)
             return
-        ref = MessageRef(msg.topic(), msg.partition(), msg.offset(), msg.key())
+        # A message without an error always has its topic, partition and offset.
+        ref = MessageRef(str(msg.topic()), int(msg.partition() or 0), int(msg.offset() or 0), msg.key())
         self.tracker.started(ref)
         self.stats.consumed += 1
         value = msg.value()

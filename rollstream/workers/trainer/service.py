@@ -140,7 +140,7 @@ def read_lineage(cfg: Config, bootstrap: str, topics: RunTopics, codec: Codec, r
                 continue
             if msg.error():
                 continue
-            position = msg.offset() + 1
+            position = int(msg.offset() or 0) + 1
             try:
                 event = codec.decode(msg.value())
             except DecodeError:
@@ -170,8 +170,8 @@ class Trainer:
         self.ref_model = build_policy(cfg.trainer.seed) if cfg.trainer.kl_coef > 0 else None
         self.buffer = SampleBuffer(
             cfg.trainer.alpha,
-            cfg.trainer.staleness_policy,
-            cfg.trainer.gamma,  # type: ignore[arg-type]
+            cfg.trainer.staleness_policy,  # type: ignore[arg-type]  # validated at config load
+            cfg.trainer.gamma,
             cfg.rollout.group_size,
             cfg.trainer.min_group_size,
             group_timeout_s=cfg.trainer.group_timeout_s,
