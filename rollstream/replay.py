@@ -504,11 +504,11 @@ class Replayer:
     ) -> tuple[dict[str, float], float]:
         assert self.model is not None
         if self.optimizer is None:
-            self.optimizer = make_optimizer(self.model, grpo)  # type: ignore[arg-type]
+            self.optimizer = make_optimizer(self.model, grpo)
         set_optimizer_hparams(self.optimizer, grpo)
         t0 = time.perf_counter()
         metrics = train_step(
-            self.model,  # type: ignore[arg-type]
+            self.model,
             self.optimizer,
             build_groups(refs, events),
             grpo,
@@ -656,7 +656,7 @@ def fork(
             raise ReplayError("replay to the fork point diverged:\n" + result.divergence.describe())
     assert rep.model is not None
     if rep.optimizer is None:
-        rep.optimizer = make_optimizer(rep.model, version_grpo(root))  # type: ignore[arg-type]
+        rep.optimizer = make_optimizer(rep.model, version_grpo(root))
     topics2 = RunTopics(new_run, cfg.kafka.topic_prefix)
     ensure_topics(cfg, bootstrap, new_run)
     if _read_lineage_retrying(cfg, bootstrap, topics2, new_run).versions:
