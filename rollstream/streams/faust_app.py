@@ -184,9 +184,10 @@ def run_inprocess(
             msgs = consumer.consume(1000, 0.2)
             with lock:
                 for msg in msgs:
-                    if msg.error() is not None:
-                        if msg.error().code() != KafkaError._PARTITION_EOF:
-                            log.warning("analytics consume error: %s", msg.error())
+                    err = msg.error()
+                    if err is not None:
+                        if err.code() != KafkaError._PARTITION_EOF:
+                            log.warning("analytics consume error: %s", err)
                         continue
                     try:
                         agg.add(codec.decode(msg.value()))
@@ -216,6 +217,10 @@ def build_faust_app(
 ) -> tuple[Any, WindowedAggregator]:
     import faust
 
+    if web_port == 0:  # faust wants a real port: pick a free one, like the in-process engine
+        from rollstream.infra.kafka.broker import free_port
+
+        web_port = free_port()
     topics = RunTopics(run_id, cfg.kafka.topic_prefix)
     out_name = ensure_analytics_topic(cfg, bootstrap, topics)
     sources = source_topics(cfg, bootstrap, topics)

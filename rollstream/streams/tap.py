@@ -149,7 +149,7 @@ class TopicReader:
         """(message, event) pairs; event is None when the message does not decode."""
         for msg in self.consumer.consume(max_messages, timeout):
             err = msg.error()
-            tp = (msg.topic(), msg.partition())
+            tp = (str(msg.topic()), int(msg.partition() or 0))
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
                     self._eof.add(tp)
@@ -319,7 +319,7 @@ def _short(value: Any, width: int = 48) -> str:
 
 def format_line(view: dict[str, Any], msg: Message) -> str:
     ts = datetime.fromtimestamp(msg.timestamp()[1] / 1000).strftime("%H:%M:%S.%f")[:-3]
-    head = f"{ts} {msg.topic().rsplit('.', 1)[-1]}[{msg.partition()}]@{msg.offset()} {view['type']}"
+    head = f"{ts} {str(msg.topic()).rsplit('.', 1)[-1]}[{msg.partition()}]@{msg.offset()} {view['type']}"
     skip = {"type", "created_at_ms", *_ENVELOPE_NOISE}
     body = " ".join(
         f"{k}={_short(v)}" for k, v in view.items() if k not in skip and v not in ("", None, "{}", {}, [])

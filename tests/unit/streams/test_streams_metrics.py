@@ -77,3 +77,19 @@ def test_endpoint_serves_documented_series() -> None:
     for name in DOCUMENTED:
         assert f"# TYPE {name} " in body, name
     assert 'rollstream_gen_tokens_total{pool="h20"}' in body
+
+
+def test_grafana_dashboard_uses_documented_series() -> None:
+    import json
+    import re
+    from importlib import resources
+
+    dash = json.loads(resources.files("rollstream.infra.grafana").joinpath("rollstream.json").read_text())
+    used = {
+        re.sub(r"_(bucket|count|sum)$", "", m)
+        for p in dash["panels"]
+        for t in p["targets"]
+        for m in re.findall(r"rollstream_[a-z_]+", t["expr"])
+    }
+    assert used and used <= set(DOCUMENTED), used - set(DOCUMENTED)
+    assert "rollstream_consumer_lag" in used
