@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -23,11 +25,24 @@ from rollstream.config import load_config
 from rollstream.runner import ensure_topics, run_local
 
 
+def _cpu_s(pid: int) -> float:
+    """utime + stime of a live process (before it is reaped)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _children_cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def one(bootstrap: str, trajectories: int, with_taps: bool, engine: str, run_dir: Path) -> float:
     cfg = load_config(None, [])
     run_id = f"bench-taps-{uuid.uuid4().hex[:8]}"
     ensure_topics(cfg, bootstrap, run_id)
     procs: list[subprocess.Popen[bytes]] = []
+    cpu0 = _children_cpu_s()
+    tap_cpu = 0.0
     if with_taps:
         base = [sys.executable, "-m", "rollstream"]
         common = ["--run", run_id, "--bootstrap", bootstrap]
@@ -47,13 +62,18 @@ def one(bootstrap: str, trajectories: int, with_taps: bool, engine: str, run_dir
             trajectories=trajectories, steps=None, out=io.StringIO(),
         )  # fmt: skip
     finally:
+        tap_cpu = sum(_cpu_s(p.pid) for p in procs if p.poll() is None)
         for p in procs:
             p.terminate()
             p.wait(30)
     elapsed = time.monotonic() - start
     rate = progress.turns / elapsed
+    # On a shared box wall-clock turns/s drifts more than 5% between identical runs; the CPU the taps burn
+    # against the CPU of the pipeline's workers (all children of this process) is the steadier measure.
+    pipeline_cpu = _children_cpu_s() - cpu0 - tap_cpu
     print(json.dumps({"run": run_id, "taps": with_taps, "turns": progress.turns, "s": round(elapsed, 2),
-                      "turns_per_s": round(rate, 3)}), flush=True)  # fmt: skip
+                      "turns_per_s": round(rate, 3), "pipeline_cpu_s": round(pipeline_cpu, 2),
+                      "taps_cpu_s": round(tap_cpu, 2)}), flush=True)  # fmt: skip
     return rate
 
 
