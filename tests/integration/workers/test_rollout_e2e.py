@@ -139,8 +139,7 @@ def test_second_gen_worker_joins_mid_run(rollout_factory: Any, monkeypatch: pyte
     second_id_part = f":{proc.pid}-"  # producer ids are role@host:pid-<random>
     reader.wait_until(
         lambda: any(
-            second_id_part in a.producer_id
-            for a in actions_of(reader, r.topics, EnvActionKind.ACTION)
+            second_id_part in a.producer_id for a in actions_of(reader, r.topics, EnvActionKind.ACTION)
         ),
         60,
         "an ACTION from the second generation worker",
