@@ -176,13 +176,14 @@ class EnvWorker(Handler):
             except queue.Empty:
                 break
             self._complete(result, ctx)
+            # After its outputs were produced: the message commits once they are delivered.
+            ctx.finish(result.ref)
         self._check_timeouts(ctx)
 
     def _complete(self, r: _Result, ctx: WorkerContext) -> None:
         m = r.manager
         self._busy -= 1
         m.busy_since = None
-        ctx.finish(r.ref)
         if m.dead:
             return  # timed out or revoked meanwhile; its terminal state was already decided
         if r.error is not None:
@@ -318,9 +319,9 @@ class EnvWorker(Handler):
         for m in list(self.managers.values()):
             if m.busy_since is not None and now - m.busy_since > limit:
                 # The thread stays stuck in the environment; its late result is discarded (m.dead).
+                self._finish(m, ctx, TerminalState.FAILED.value, f"step-timeout: no answer in {limit:g}s")
                 if m.pending is not None:
                     ctx.finish(m.pending)
-                self._finish(m, ctx, TerminalState.FAILED.value, f"step-timeout: no answer in {limit:g}s")
 
     # -- rebalance / stop ---------------------------------------------------------------------------
     def on_revoked(self, ctx: WorkerContext, partitions: list[tuple[str, int]]) -> None:

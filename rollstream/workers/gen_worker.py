@@ -143,22 +143,7 @@ class GenWorker(Handler):
         k, v = self.follower.latest_version, req.first_version
         if v < 0 or k - v <= self.alpha:
             return False
-        ctx.produce(
-            ctx.topics.env_actions,
-            req.trajectory_id,
-            EnvAction(
-                run_id=req.run_id,
-                trajectory_id=req.trajectory_id,
-                group_id=req.group_id,
-                policy_version=self.backend.version,
-                kind=EnvActionKind.ABORT,
-                domain=req.domain,
-                pool=self.pool,
-                turn=req.turn,
-                first_version=v,
-                reason=f"stale: K={k} v(t)={v} alpha={self.alpha}",
-            ),
-        )
+        self._abort(req, ctx, f"stale: K={k} v(t)={v} alpha={self.alpha}")
         METRICS.stale_aborts.labels(pool=self.pool).inc()
         return True
 

@@ -3,7 +3,8 @@
 A role is a `Handler`. The loop owns the Kafka clients and the guarantees:
 
 * an offset is committed only after the handler finished that message *and* everything it produced
-  was delivered (the producer is flushed right before each commit), so a crash re-delivers, never loses;
+  was delivered (each produce is tracked to its delivery report, no flush on the poll path), so a crash
+  re-delivers, never loses; a failed delivery stops the worker before the offset can commit;
 * an undecodable, oversized or handler-crashing message goes to ``dead-letters`` with topic,
   partition, offset and reason, and the loop goes on;
 * handlers never block the poll loop: slow work (environment steps, model batches) runs in the
@@ -14,6 +15,7 @@ A role is a `Handler`. The loop owns the Kafka clients and the guarantees:
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import signal
@@ -112,32 +114,63 @@ class WorkerContext:
         self.producer_id = producer_id
         self.max_message_bytes = max_message_bytes
         self.stopping = threading.Event()
-        self._finished: queue.SimpleQueue[MessageRef] = queue.SimpleQueue()
+        # finish() records how many produces were issued by then; the message counts as done once all
+        # of those are delivered (ids below the lowest undelivered one).
+        self._finished: queue.SimpleQueue[tuple[MessageRef, int]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._issued = 0
+        self._undelivered: set[int] = set()
         self.delivery_errors = 0
+        self.fatal_error: str | None = None
 
     def produce(self, topic: str, key: str | bytes | None, event: Event) -> None:
         """Encode and produce (async, batched by the producer). Thread-safe."""
         if not event.producer_id:
             event.producer_id = self.producer_id
         value = self.codec.encode(event, topic)
+        with self._lock:
+            self._issued += 1
+            produce_id = self._issued
+            self._undelivered.add(produce_id)
+        on_delivery = functools.partial(self._on_delivery, produce_id)
         while True:
             try:
-                self.producer.produce(topic, value=value, key=key, on_delivery=self._on_delivery)
+                self.producer.produce(topic, value=value, key=key, on_delivery=on_delivery)
                 return
             except BufferError:
                 # Local queue full: serve delivery reports, then retry (backpressure, not loss).
                 self.producer.poll(0.05)
+            except BaseException:
+                with self._lock:
+                    self._undelivered.discard(produce_id)  # never queued: nothing to wait for
+                raise
 
-    def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
+    def _on_delivery(self, produce_id: int, err: KafkaError | None, msg: Message) -> None:
         if err is not None:
+            # Left undelivered on purpose: nothing after it may commit; the loop stops the worker.
             self.delivery_errors += 1
-            log.error("delivery to %s failed: %s", msg.topic(), err)
+            self.fatal_error = f"delivery to {msg.topic()} failed: {err}"
+            log.error("%s", self.fatal_error)
+            return
+        with self._lock:
+            self._undelivered.discard(produce_id)
+
+    def produce_mark(self) -> int:
+        """How many produces were issued so far (what a finished message must wait for)."""
+        with self._lock:
+            return self._issued
+
+    def delivered_through(self) -> int:
+        """Every produce with an id up to this one has been delivered."""
+        with self._lock:
+            return min(self._undelivered) - 1 if self._undelivered else self._issued
 
     def finish(self, ref: MessageRef) -> None:
-        """The handler is done with this message (its outputs were produced). Thread-safe."""
-        self._finished.put(ref)
+        """The handler is done with this message; call it after producing its outputs. Thread-safe."""
+        with self._lock:
+            self._finished.put((ref, self._issued))
 
-    def take_finished(self) -> list[MessageRef]:
+    def take_finished(self) -> list[tuple[MessageRef, int]]:
         out = []
         while True:
             try:
@@ -238,6 +271,7 @@ class WorkerLoop:
         self.drain_timeout_s = drain_timeout_s
         self._assigned: set[tuple[str, int]] = set()
         self._last_commit = 0.0
+        self._awaiting_delivery: list[tuple[MessageRef, int]] = []
         self._lag = LagSampler(consumer, group)  # no-op without a group name
 
     # -- rebalance callbacks (run inside consume()) -------------------------------------------------
@@ -290,10 +324,9 @@ class WorkerLoop:
         else:
             self.consumer.poll(0)  # keep the group session and rebalance callbacks alive
             time.sleep(0.005)
-        for ref in self.ctx.take_finished():
-            self.tracker.finished(ref)
         self.handler.tick(self.ctx)
         self.ctx.producer.poll(0)
+        self._release_delivered()
         self._backpressure()
         if time.monotonic() - self._last_commit >= self.commit_interval_s:
             self._commit()
@@ -329,12 +362,28 @@ class WorkerLoop:
             )
             return
         if done:
-            self.tracker.finished(ref)
+            self._awaiting_delivery.append((ref, self.ctx.produce_mark()))
 
     def _reject(self, ref: MessageRef, value: bytes | None, reason: str, error: str) -> None:
         self.ctx.dead_letter(ref, value, reason, error)
         self.stats.dead_letters += 1
-        self.tracker.finished(ref)
+        self._awaiting_delivery.append((ref, self.ctx.produce_mark()))
+
+    def _release_delivered(self) -> None:
+        """Finished messages become committable once everything produced before they finished is delivered."""
+        if self.ctx.fatal_error:
+            raise RuntimeError(f"{self.ctx.role}: {self.ctx.fatal_error}; stopping without committing")
+        self._awaiting_delivery.extend(self.ctx.take_finished())
+        if not self._awaiting_delivery:
+            return
+        through = self.ctx.delivered_through()
+        waiting = []
+        for ref, mark in self._awaiting_delivery:
+            if mark <= through:
+                self.tracker.finished(ref)
+            else:
+                waiting.append((ref, mark))
+        self._awaiting_delivery = waiting
 
     def _backpressure(self) -> None:
         load = self.tracker.pending_count() + self.handler.in_flight()
@@ -349,11 +398,12 @@ class WorkerLoop:
 
     def _commit(self, tps: Iterable[tuple[str, int]] | None = None, force: bool = False) -> None:
         self._last_commit = time.monotonic()
+        if force:
+            # Rebalance or shutdown: wait for outstanding deliveries so finished work can commit now.
+            self.ctx.producer.flush(10)
+            self._release_delivered()
         offsets = self.tracker.committable(tps)
         if not offsets:
-            return
-        # Everything produced for these messages must be delivered before their offsets commit.
-        if self.ctx.producer.flush(10 if force else 2) > 0:
             return
         try:
             self.consumer.commit(offsets=offsets, asynchronous=False)
@@ -371,8 +421,6 @@ class WorkerLoop:
         deadline = time.monotonic() + self.drain_timeout_s
         while self.tracker.pending_count() and time.monotonic() < deadline:
             self._turn(fetch=False)
-        for ref in self.ctx.take_finished():
-            self.tracker.finished(ref)
         self._commit(force=True)
 
 

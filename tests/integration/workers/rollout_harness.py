@@ -310,3 +310,23 @@ def wrap_make_env(
         return FaultyEnv(make_env(domain, **options), on_reset, on_step)
 
     monkeypatch.setattr(env_worker, "make_env", factory)
+
+
+def check_run(r: Rollout, n: int, timeout: float = 60) -> Accounting:
+    """Wait for n terminals and n scored; every RESET ends exactly once, in both topics."""
+    reader = r.reader(r.topics.env_actions, r.topics.observations, r.topics.scored)
+
+    def ended() -> bool:
+        acc = Accounting.of(reader, r.topics)
+        return len(acc.terminals) >= n and len(acc.scored) >= n
+
+    reader.wait_until(ended, timeout, f"{n} trajectories ended and scored")
+    reader.poll(0.5)  # anything produced twice shows up now
+    acc = Accounting.of(reader, r.topics)
+    launched = {a.trajectory_id for a in actions_of(reader, r.topics, EnvActionKind.RESET)}
+    assert len(launched) == n
+    assert set(acc.terminals) == launched, "a launched trajectory has no terminal state (or vice versa)"
+    assert not acc.duplicates(), f"trajectories with more than one terminal: {acc.duplicates()}"
+    assert set(acc.scored) == launched
+    assert all(len(s) == 1 for s in acc.scored.values()), "scored twice"
+    return acc

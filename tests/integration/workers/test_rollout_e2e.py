@@ -14,11 +14,9 @@ from typing import Any
 
 import pytest
 from rollout_harness import (
-    Accounting,
     FaultyEnv,
-    Rollout,
     actions_of,
-    fast_config,
+    check_run,
     wrap_make_env,
 )
 
@@ -35,40 +33,6 @@ from rollstream.schemas.events import (
 COMPLETED = TerminalState.COMPLETED.value
 
 
-@pytest.fixture
-def rollout_factory(kafka_bootstrap: str, kafka_admin: Any, run_id: str) -> Any:
-    made: list[Rollout] = []
-
-    def make(*overrides: str) -> Rollout:
-        r = Rollout(fast_config(*overrides), kafka_bootstrap, run_id, kafka_admin)
-        made.append(r)
-        return r
-
-    yield make
-    for r in made:
-        r.close()
-
-
-def _check_run(r: Rollout, n: int, timeout: float = 60) -> Accounting:
-    """Wait for n terminals and n scored; every RESET ends exactly once, in both topics."""
-    reader = r.reader(r.topics.env_actions, r.topics.observations, r.topics.scored)
-
-    def ended() -> bool:
-        acc = Accounting.of(reader, r.topics)
-        return len(acc.terminals) >= n and len(acc.scored) >= n
-
-    reader.wait_until(ended, timeout, f"{n} trajectories ended and scored")
-    reader.poll(0.5)  # anything produced twice shows up now
-    acc = Accounting.of(reader, r.topics)
-    launched = {a.trajectory_id for a in actions_of(reader, r.topics, EnvActionKind.RESET)}
-    assert len(launched) == n
-    assert set(acc.terminals) == launched, "a launched trajectory has no terminal state (or vice versa)"
-    assert not acc.duplicates(), f"trajectories with more than one terminal: {acc.duplicates()}"
-    assert set(acc.scored) == launched
-    assert all(len(s) == 1 for s in acc.scored.values()), "scored twice"
-    return acc
-
-
 @pytest.mark.parametrize("domain", ["frozenlake", "math", "code"])
 def test_rollout_end_to_end_per_domain(rollout_factory: Any, domain: str) -> None:
     n = 8
@@ -80,7 +44,7 @@ def test_rollout_end_to_end_per_domain(rollout_factory: Any, domain: str) -> Non
     sched = r.start("scheduler", trajectories=n)
     r.wait_thread(sched, 90)
     assert sched.stats is not None
-    acc = _check_run(r, n)
+    acc = check_run(r, n)
 
     for tid, (obs,) in acc.terminals.items():
         assert obs.terminal_state == COMPLETED, (tid, obs.terminal_state, obs.reason)
@@ -145,7 +109,7 @@ def test_second_gen_worker_joins_mid_run(rollout_factory: Any, monkeypatch: pyte
         "an ACTION from the second generation worker",
     )
     r.wait_thread(sched, 90)
-    _check_run(r, n)
+    check_run(r, n)
     producers = {a.producer_id for a in actions_of(reader, r.topics, EnvActionKind.ACTION)}
     assert len(producers) == 2, producers
     assert proc.poll() is None, r.log_of(proc)[-3000:]
@@ -162,7 +126,7 @@ def test_fallback_when_preferred_pool_has_no_consumer(rollout_factory: Any) -> N
     time.sleep(1.0)  # the env worker's pool router has seen h20 live (refresh every 0.2 s)
     sched = r.start("scheduler", trajectories=n)
     r.wait_thread(sched, 60)
-    acc = _check_run(r, n)
+    acc = check_run(r, n)
     assert all(o[0].terminal_state == COMPLETED for o in acc.terminals.values())
     assert all(s[0].reward == 1.0 for s in acc.scored.values())
     assert all(t.pool == "h20" for o in acc.terminals.values() for t in o[0].turns)
@@ -245,7 +209,7 @@ def test_per_turn_staleness_gate_mid_trajectory(
     time.sleep(0.5)
     release.set()
     r.wait_thread(sched, 60)
-    acc = _check_run(r, n)
+    acc = check_run(r, n)
     for tid, (obs,) in acc.terminals.items():
         if obs.terminal_state == COMPLETED:
             assert len(obs.turns) == 1, "only a one-step episode may finish before the gate"

@@ -12,7 +12,7 @@ from collections import defaultdict
 from typing import Any
 
 import pytest
-from rollout_harness import Accounting, FaultyEnv, Rollout, actions_of, fast_config, wrap_make_env
+from rollout_harness import FaultyEnv, Rollout, actions_of, check_run, wrap_make_env
 
 from rollstream.schemas.events import EnvActionKind, TerminalState
 from rollstream.workers.scheduler import task_stream
@@ -20,36 +20,6 @@ from rollstream.workers.scheduler import task_stream
 COMPLETED = TerminalState.COMPLETED.value
 FAILED = TerminalState.FAILED.value
 CANCELLED = TerminalState.CANCELLED.value
-
-
-@pytest.fixture
-def rollout_factory(kafka_bootstrap: str, kafka_admin: Any, run_id: str) -> Any:
-    made: list[Rollout] = []
-
-    def make(*overrides: str) -> Rollout:
-        r = Rollout(fast_config(*overrides), kafka_bootstrap, run_id, kafka_admin)
-        made.append(r)
-        return r
-
-    yield make
-    for r in made:
-        r.close()
-
-
-def _finished_run(r: Rollout, n: int, timeout: float = 60) -> Accounting:
-    """Every launched trajectory ends exactly once on `observations` and is resolved on `scored`."""
-    reader = r.reader(r.topics.env_actions, r.topics.observations, r.topics.scored)
-    reader.wait_until(
-        lambda: len(Accounting.of(reader, r.topics).scored) >= n, timeout, f"{n} trajectories resolved"
-    )
-    reader.poll(0.5)
-    acc = Accounting.of(reader, r.topics)
-    launched = {a.trajectory_id for a in actions_of(reader, r.topics, EnvActionKind.RESET)}
-    assert len(launched) == n
-    assert set(acc.terminals) == launched, "lost or invented trajectories"
-    assert not acc.duplicates(), f"more than one terminal state: {acc.duplicates()}"
-    assert set(acc.scored) == launched and all(len(v) == 1 for v in acc.scored.values())
-    return acc
 
 
 def _start_pipeline(r: Rollout) -> None:
@@ -89,7 +59,7 @@ def test_hung_env_fails_only_its_trajectory(rollout_factory: Any, monkeypatch: p
     finally:
         release.set()  # let the stuck thread return: its late result must be discarded
     time.sleep(0.5)
-    acc = _finished_run(r, n)
+    acc = check_run(r, n)
     assert len(stuck_calls) == 1
     states = acc.states()
     stuck = [tid for tid, o in acc.terminals.items() if o[0].task_seed == stuck_seed]
@@ -120,7 +90,7 @@ def test_crashing_env_aborts_only_its_trajectory(
     _start_pipeline(r)
     sched = r.start("scheduler", trajectories=n)
     r.wait_thread(sched, 60)
-    acc = _finished_run(r, n)
+    acc = check_run(r, n)
     bad = [tid for tid, o in acc.terminals.items() if o[0].task_seed == bad_seed]
     assert len(bad) == 1
     (obs,) = acc.terminals[bad[0]]
@@ -156,7 +126,7 @@ def test_redundant_members_are_cancelled(rollout_factory: Any, monkeypatch: pyte
     _start_pipeline(r)
     sched = r.start("scheduler", trajectories=n)
     r.wait_thread(sched, 60)
-    acc = _finished_run(r, n)
+    acc = check_run(r, n)
     by_group: dict[str, list[str]] = defaultdict(list)
     for tid, (obs,) in acc.terminals.items():
         by_group[obs.group_id].append(tid)
@@ -205,7 +175,7 @@ def test_sigkill_gen_worker_mid_run(rollout_factory: Any, monkeypatch: pytest.Mo
     finally:
         gate.set()
     r.wait_thread(sched, 120)
-    acc = _finished_run(r, n)
+    acc = check_run(r, n)
     states = acc.states()
     assert all(s == COMPLETED for s in states.values()), {
         t: (o[0].terminal_state, o[0].reason)
