@@ -164,7 +164,10 @@ def test_sigkill_gen_worker_mid_run(rollout_factory: Any, monkeypatch: pytest.Mo
     try:
         reader.wait_until(
             lambda: (
-                {a.producer_id.rsplit(":", 1)[1] for a in actions_of(reader, r.topics, EnvActionKind.ACTION)}
+                {
+                    a.producer_id.rsplit(":", 1)[1].split("-")[0]
+                    for a in actions_of(reader, r.topics, EnvActionKind.ACTION)
+                }
                 >= {str(victim.pid), str(survivor.pid)}
             ),
             30,

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from rollstream.config import load_config
@@ -21,6 +21,19 @@ from rollstream.workers.routing import group_id
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[3]
+
+
+def _watermarks(consumer: Consumer, tp: TopicPartition) -> tuple[int, int]:
+    """Watermarks, retrying the transient leader errors a busy single-node broker can answer with."""
+    for attempt in range(20):
+        try:
+            low, high = consumer.get_watermark_offsets(tp, timeout=10)
+            return int(low), int(high)
+        except KafkaException:
+            if attempt == 19:
+                raise
+            time.sleep(0.5)
+    raise AssertionError("unreachable")
 
 
 def read_all(bootstrap: str, topic: str, partitions: int) -> list[tuple[int, int, object]]:
@@ -38,7 +51,7 @@ def read_all(bootstrap: str, topic: str, partitions: int) -> list[tuple[int, int
     try:
         for p in range(partitions):
             tp = TopicPartition(topic, p)
-            low, high = consumer.get_watermark_offsets(tp, timeout=10)
+            low, high = _watermarks(consumer, tp)
             if high <= low:
                 continue
             consumer.assign([TopicPartition(topic, p, low)])
