@@ -27,8 +27,9 @@ class RunView:
         self.agg = WindowedAggregator(window_s)
         self.reader = TopicReader(cfg, bootstrap, source_topics(cfg, bootstrap, self.topics), "beginning")
         gen_prefix = self.topics.name(GEN_REQUESTS) + "."
+        # one entry per pool, not per partition
         self.pools = sorted(
-            t.removeprefix(gen_prefix) for t, _ in self.reader.partitions if t.startswith(gen_prefix)
+            {t.removeprefix(gen_prefix) for t, _ in self.reader.partitions if t.startswith(gen_prefix)}
         )
         self.lag: dict[str, int | None] = {}
         self.started = time.monotonic()

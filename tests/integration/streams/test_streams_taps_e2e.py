@@ -158,6 +158,8 @@ def test_top_and_report_render(run: Any, tmp_path: Path) -> None:
     view.close()
     text = console.file.getvalue()  # type: ignore[attr-defined]
     assert "h20" in text and "frozenlake" in text and "policy version 7" in text
+    assert view.pools == sorted(set(view.pools)), "a pool listed once per partition"
+    assert sum(line.lstrip("│ ").startswith("h20 ") for line in text.splitlines()) == 1
     index = build_report(cfg, bootstrap, run_id, tmp_path / "report")
     html = index.read_text()
     assert html.count("data:image/png;base64,") == 4
