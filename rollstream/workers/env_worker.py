@@ -16,6 +16,7 @@ import logging
 import queue
 import time
 import zlib
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +38,8 @@ from rollstream.workers.metrics import METRICS
 from rollstream.workers.routing import PoolRouter
 
 log = logging.getLogger(__name__)
+
+ENDED_MEMORY = 100_000  # ids of ended trajectories kept to ignore their late ACTIONs
 
 
 @dataclass
@@ -80,6 +83,9 @@ class EnvWorker(Handler):
         self.pool = pool
         self.router = router
         self.managers: dict[str, EnvManager] = {}
+        # Trajectories this worker ended: a late ACTION/ABORT for one (e.g. generated while its CANCEL was
+        # on the way) must not produce a second terminal state.
+        self._ended: OrderedDict[str, None] = OrderedDict()
         self._results: queue.SimpleQueue[_Result] = queue.SimpleQueue()
         self._executor = ThreadPoolExecutor(cfg.env.step_threads, thread_name_prefix="env-step")
         self._latency_spec = cfg.env.latency
@@ -101,6 +107,8 @@ class EnvWorker(Handler):
             if manager is not None:
                 return True  # re-delivered RESET of a trajectory already running here
             return self._reset(event, ref, ctx)
+        if manager is None and event.trajectory_id in self._ended:
+            return True  # already ended here, with its one terminal state
         if event.kind is EnvActionKind.ACTION:
             if manager is None:
                 # Its state lived on a worker that died or lost the partition: end it, with why.
@@ -280,6 +288,7 @@ class EnvWorker(Handler):
         """Emit the one terminal observation of this trajectory and forget it."""
         m.dead = True
         self.managers.pop(m.trajectory_id, None)
+        self._remember_ended(m.trajectory_id)
         obs = self._observation(m, ctx, m.turns[-1].reward if m.turns else 0.0, env_ms)
         obs.terminal_state, obs.reason = state, reason
         obs.terminated, obs.truncated = terminated, truncated
@@ -293,7 +302,13 @@ class EnvWorker(Handler):
         except Exception as exc:
             log.debug("env close failed: %s", exc)
 
+    def _remember_ended(self, trajectory_id: str) -> None:
+        self._ended[trajectory_id] = None
+        if len(self._ended) > ENDED_MEMORY:
+            self._ended.popitem(last=False)
+
     def _emit_orphan(self, e: EnvAction, ctx: WorkerContext, state: TerminalState, reason: str) -> None:
+        self._remember_ended(e.trajectory_id)
         ctx.produce(
             ctx.topics.observations,
             e.trajectory_id,
