@@ -156,19 +156,29 @@ class LocalCluster:
     def failed(self) -> list[str]:
         return [f"{name} exited with {p.returncode}" for name, p in self.procs if p.poll() not in (None, 0)]
 
-    def stop(self, timeout: float = 30) -> None:
-        for _, p in self.procs:
+    def stop(self, timeout: float = 30, grace_s: float = 3.0) -> None:
+        """Trainer and scheduler first (the scheduler CANCELs what is in flight), then, after a grace
+        period in which the env workers turn those CANCELs into terminal states, everything else."""
+        first = [(n, p) for n, p in self.procs if n.startswith(("trainer-", "scheduler-"))]
+        self._terminate(first, timeout)
+        if first and any(p.poll() is None for _, p in self.procs):
+            time.sleep(grace_s)
+        self._terminate(self.procs, timeout)
+        for f in self._logs:
+            f.close()
+
+    @staticmethod
+    def _terminate(procs: list[tuple[str, subprocess.Popen[bytes]]], timeout: float) -> None:
+        for _, p in procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        for _, p in self.procs:
+        for _, p in procs:
             try:
                 p.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
-        for f in self._logs:
-            f.close()
 
 
 def ensure_topics(cfg: Config, bootstrap: str, run_id: str) -> None:

@@ -108,24 +108,32 @@ class Scheduler(Handler):
             group.scored.add(event.trajectory_id)
         if not group.cancelled and len(group.scored) >= self.group_size:
             group.cancelled = True
-            for tid in group.members:
-                if tid not in group.ended:
-                    ctx.produce(
-                        ctx.topics.env_actions,
-                        tid,
-                        EnvAction(
-                            run_id=ctx.topics.run_id,
-                            trajectory_id=tid,
-                            group_id=group.group_id,
-                            kind=EnvActionKind.CANCEL,
-                            domain=group.domain,
-                            task_seed=group.task_seed,
-                            reason=f"redundant: group has {len(group.scored)} scored",
-                        ),
-                    )
+            self._cancel_open(group, ctx, f"redundant: group has {len(group.scored)} scored")
         if len(group.ended) == len(group.members):
             del self.groups[group.group_id]
         return True
+
+    def close(self, ctx: WorkerContext) -> None:
+        """The run is stopping: cancel what is still in flight, so every launched trajectory ends once."""
+        for group in self.groups.values():
+            self._cancel_open(group, ctx, "run-stopped")
+
+    def _cancel_open(self, group: GroupState, ctx: WorkerContext, reason: str) -> None:
+        for tid in group.members:
+            if tid not in group.ended:
+                ctx.produce(
+                    ctx.topics.env_actions,
+                    tid,
+                    EnvAction(
+                        run_id=ctx.topics.run_id,
+                        trajectory_id=tid,
+                        group_id=group.group_id,
+                        kind=EnvActionKind.CANCEL,
+                        domain=group.domain,
+                        task_seed=group.task_seed,
+                        reason=reason,
+                    ),
+                )
 
     def done(self) -> bool:
         return self.max_trajectories is not None and self.ended >= self.max_trajectories

@@ -268,7 +268,8 @@ class EmbeddedBroker:
             classpath,
             "-Dlog4j2.configurationFile=" + str(self.home / "log4j2.yaml"),
         ]
-        cmd += ["kafka.tools.StorageTool", "format", "--standalone", "-t", cluster_id]
+        # "--cluster-id=<id>": an id may start with '-', which as a separate argument parses as an option.
+        cmd += ["kafka.tools.StorageTool", "format", "--standalone", f"--cluster-id={cluster_id}"]
         cmd += ["-c", str(self.properties_file)]
         proc = subprocess.run(cmd, cwd=self.home, capture_output=True, text=True, timeout=120)
         if proc.returncode != 0:

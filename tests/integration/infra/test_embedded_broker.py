@@ -68,3 +68,15 @@ def test_session_fixtures_make_unique_topics(
     assert name.startswith(run_id)
     meta = AdminClient({"bootstrap.servers": kafka_bootstrap}).list_topics(timeout=10)
     assert len(meta.topics[name].partitions) == 3
+
+
+def test_cluster_id_starting_with_a_dash_formats(
+    broker: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # URL-safe base64 ids start with '-' one time in 64: passed as a separate argument it parsed as an option.
+    import rollstream.infra.kafka.broker as broker_module
+
+    monkeypatch.setattr(broker_module, "_random_cluster_id", lambda: "-AbCdEfGhIjKlMnOpQrStU")
+    info = broker.up(timeout=180)
+    assert not info.already_running
+    assert broker.down() is True
