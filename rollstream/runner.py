@@ -18,12 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from confluent_kafka import OFFSET_BEGINNING, TopicPartition
-
-from rollstream.clients import base_conf, make_consumer
+from rollstream.clients import base_conf
 from rollstream.config import Config
-from rollstream.schemas.codec import DecodeError, make_codec
 from rollstream.schemas.events import Observation, ScoredTrajectory, WeightVersion
+from rollstream.streams.tap import TopicReader
 from rollstream.topics.admin import TopicAdmin
 from rollstream.topics.specs import RunTopics, run_topic_specs
 
@@ -66,31 +64,25 @@ class Progress:
 
 
 class ProgressTap:
+    """Counts what the run's topics say, through a tap (`TopicReader`): by assignment, committing nothing."""
+
     def __init__(self, cfg: Config, bootstrap: str, topics: RunTopics) -> None:
-        self.codec = make_codec(cfg.kafka.schema_registry_url or None)
-        self.consumer = make_consumer(cfg, bootstrap, f"{topics.prefix}.{topics.run_id}.progress-tap", "tap")
-        admin = TopicAdmin(base_conf(cfg, bootstrap))
-        parts = []
-        for topic in (topics.observations, topics.scored, topics.weight_versions):
-            parts += [TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(admin.partitions_of(topic))]
-        self.consumer.assign(parts)
+        self.reader = TopicReader(
+            cfg, bootstrap, [topics.observations, topics.scored, topics.weight_versions], "beginning"
+        )
         self.topics = topics
         self.progress = Progress()
 
     def poll(self, budget_s: float = 0.5) -> Progress:
         deadline = time.monotonic() + budget_s
         while time.monotonic() < deadline:
-            msgs = self.consumer.consume(1000, 0.05)
-            if not msgs:
+            got = False
+            for _msg, event in self.reader.poll(1000, 0.05):
+                got = True
+                if event is not None:
+                    self._count(event)
+            if not got:
                 break
-            for msg in msgs:
-                if msg.error():
-                    continue
-                try:
-                    event = self.codec.decode(msg.value())
-                except DecodeError:
-                    continue
-                self._count(event)
         return self.progress
 
     def _count(self, event: object) -> None:
@@ -111,7 +103,7 @@ class ProgressTap:
             p.version_metrics[event.version] = dict(event.metrics)
 
     def close(self) -> None:
-        self.consumer.close()
+        self.reader.close()
 
 
 class LocalCluster:

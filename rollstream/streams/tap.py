@@ -118,12 +118,9 @@ class TopicReader:
         )
         self.consumer = Consumer(conf)
         self.codec = codec or make_codec(cfg.kafka.schema_registry_url or None)
-        meta = self.admin.list_topics(timeout=10)
         parts: list[TopicPartition] = []
         for name in topic_names:
-            t = meta.topics.get(name)
-            if t is None or t.error is not None:
-                raise ValueError(f"topic {name} does not exist")
+            t = self._wait_for_topic(name)
             parts += [TopicPartition(name, p) for p in sorted(t.partitions)]
         if isinstance(start, int):
             parts = self.consumer.offsets_for_times(
@@ -139,6 +136,17 @@ class TopicReader:
         self.partitions = [(p.topic, p.partition) for p in parts]
         self._eof: set[tuple[str, int]] = set()
         self.consumer.assign(parts)
+
+    def _wait_for_topic(self, name: str, timeout_s: float = 10.0) -> Any:
+        """Topic metadata; a topic created a moment ago may take a little while to be listed."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            t = self.admin.list_topics(name, timeout=10).topics.get(name)
+            if t is not None and t.error is None:
+                return t
+            if time.monotonic() >= deadline:
+                raise ValueError(f"topic {name} does not exist")
+            time.sleep(0.2)
 
     @property
     def caught_up(self) -> bool:
